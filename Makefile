@@ -1,0 +1,27 @@
+# Two commands do all the set-up: `make run` (the main job) and `make test` (the tests).
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test bench lint clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	# bfcl-eval pins numpy, vllm and many API SDKs; only its data and backends are needed.
+	$(BIN)/pip install --quiet --no-deps 'bfcl-eval==2026.3.23'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/coevolve run
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -ra
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) .coevolve

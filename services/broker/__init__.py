@@ -1,0 +1,1 @@
+"""Kafka plumbing: the embedded Tansu broker, the topic catalog, and typed producer/consumer."""

@@ -1,0 +1,28 @@
+"""Client settings for Kafka, in one place.
+
+Tansu (the embedded broker) lets a consumer group join only after the rebalance timeout, and a member
+left behind by a killed process holds the next join for its session timeout. Short timeouts keep joins
+at a second or two; they are fine on a real cluster too, for these small, fast consumers.
+"""
+import os
+
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+
+GROUP_TIMEOUTS_MS = {
+    "session_timeout_ms": 6000,
+    "heartbeat_interval_ms": 1000,
+    "max_poll_interval_ms": 10000,
+}
+
+# Faust's names for the same timeouts, in seconds.
+FAUST_GROUP_TIMEOUTS_S = {
+    "broker_session_timeout": 6.0,
+    "broker_heartbeat_interval": 1.0,
+    "broker_max_poll_interval": 10.0,
+    "broker_rebalance_timeout": 10.0,
+}
+
+
+def bootstrap_from_env(default: str | None = None) -> str | None:
+    """The bootstrap address from KAFKA_BOOTSTRAP, or `default`."""
+    return os.environ.get("KAFKA_BOOTSTRAP") or default

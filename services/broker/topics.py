@@ -1,0 +1,57 @@
+"""The topic catalog of DESIGN.md: names, events, partitions and configs, in one place."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kafka import KafkaAdminClient
+from kafka.admin import NewTopic
+from kafka.errors import TopicAlreadyExistsError
+
+from coevolve.services.log import get_logger
+
+log = get_logger("topics")
+
+
+@dataclass(frozen=True)
+class Topic:
+    name: str
+    event: str
+    key: str
+    partitions: int
+    configs: dict[str, str] = field(default_factory=dict)
+
+
+KEEP_FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
+
+TRAJECTORIES = Topic("coevolve.trajectories", "TrajectoryRecorded", "task_id", 4, KEEP_FOREVER)
+STEPS = Topic("coevolve.steps", "StepCompleted", "run_id", 1, KEEP_FOREVER)
+SIGNALS = Topic("coevolve.signals", "SignalRaised", "task_id or pattern", 4, KEEP_FOREVER)
+EXPLORATIONS = Topic("coevolve.explorations", "ExplorationRecorded", "task_id", 4, KEEP_FOREVER)
+TASKS = Topic("coevolve.tasks", "TaskChecked", "task_id", 4, {"cleanup.policy": "compact"})
+DEADLETTER = Topic("coevolve.deadletter", "DeadLettered", "source topic", 1, KEEP_FOREVER)
+
+CATALOG: dict[str, Topic] = {t.name: t for t in (TRAJECTORIES, STEPS, SIGNALS, EXPLORATIONS, TASKS, DEADLETTER)}
+
+
+def create_topics(bootstrap: str, topics: list[Topic] | None = None,
+                  replication_factor: int = 1) -> list[str]:
+    """Create the catalog's missing topics; return the names created. Idempotent."""
+    topics = list(CATALOG.values()) if topics is None else topics
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="coevolve-topics",
+                             request_timeout_ms=10000)
+    try:
+        existing = set(admin.list_topics())
+        created = []
+        for topic in topics:
+            if topic.name in existing:
+                continue
+            try:
+                admin.create_topics([NewTopic(topic.name, topic.partitions, replication_factor,
+                                              topic_configs=dict(topic.configs))])
+                created.append(topic.name)
+            except TopicAlreadyExistsError:
+                pass  # another process created it between list and create
+        log.info("topics.ensured", bootstrap=bootstrap, created=created)
+        return created
+    finally:
+        admin.close()

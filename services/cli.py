@@ -1,0 +1,123 @@
+"""The `coevolve` command: one Typer app, a subcommand per service or tool."""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from coevolve.services import log as logs
+
+app = typer.Typer(help="CoEvolve: train LLM agents whose training data evolves with them.",
+                  no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
+topics_app = typer.Typer(help="Manage the Kafka topics of the catalog.", no_args_is_help=True)
+app.add_typer(topics_app, name="topics")
+
+BootstrapOpt = typer.Option(None, "--bootstrap", envvar="KAFKA_BOOTSTRAP",
+                            help="Kafka bootstrap address HOST:PORT (default: $KAFKA_BOOTSTRAP).")
+
+
+@app.callback()
+def _root(log_level: str = typer.Option("info", help="Log level: debug, info, warning or error.")) -> None:
+    logs.configure(log_level)
+
+
+def _require(bootstrap: Optional[str]) -> str:
+    if not bootstrap:
+        raise typer.BadParameter("no broker address: pass --bootstrap HOST:PORT or set KAFKA_BOOTSTRAP "
+                                 "(start one with `coevolve broker`)", param_hint="--bootstrap")
+    return bootstrap
+
+
+@app.command()
+def broker(port: int = typer.Option(9092, help="Port to listen on, on 127.0.0.1.")) -> None:
+    """Run the embedded Tansu broker in the foreground until SIGINT/SIGTERM."""
+    from coevolve.services.broker.embedded import EmbeddedBroker
+
+    stop = False
+
+    def _stop(*_):
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    embedded = EmbeddedBroker(port=port).start()
+    print(f"bootstrap: {embedded.bootstrap}", flush=True)
+    try:
+        while not stop and embedded.process is not None and embedded.process.poll() is None:
+            time.sleep(0.2)
+    finally:
+        code = embedded.process.poll() if embedded.process else 0
+        embedded.stop()
+    if code:
+        raise typer.Exit(code)
+
+
+@topics_app.command("create")
+def topics_create(bootstrap: Optional[str] = BootstrapOpt) -> None:
+    """Create every missing topic of the catalog (idempotent)."""
+    from coevolve.services.broker.topics import CATALOG, create_topics
+
+    created = create_topics(_require(bootstrap))
+    for name, topic in CATALOG.items():
+        state = "created" if name in created else "exists"
+        print(f"{name:24s} {state:8s} partitions={topic.partitions} {topic.configs}")
+
+
+@app.command()
+def simulate(
+    bootstrap: Optional[str] = BootstrapOpt,
+    output: Optional[Path] = typer.Option(None, help="Write an Avro log file instead of publishing "
+                                          "(trajectories here, other events beside it)."),
+    rate: float = typer.Option(0.0, help="Events per second to publish; 0 publishes as fast as possible."),
+    run_id: str = typer.Option("sim-run", help="Run id stamped on every event."),
+    tasks: int = typer.Option(40, help="Seed tasks in the pool."),
+    steps: int = typer.Option(20, help="Training steps."),
+    batch_tasks: int = typer.Option(16, help="Tasks sampled per step."),
+    group_size: int = typer.Option(8, "--group-size", "-k", help="Rollouts per task per step (K)."),
+    forget_probability: float = typer.Option(0.04, help="Chance per task and step of starting to forget it."),
+    zipf_exponent: float = typer.Option(1.3, help="Tool popularity skew; higher makes more tools rare."),
+    synthesized_per_step: int = typer.Option(3, help="Synthesized tasks judged per step (0 disables)."),
+    seed: int = typer.Option(0, help="Random seed."),
+) -> None:
+    """Publish a simulated run's event stream (trajectories, steps, task verdicts)."""
+    from coevolve.services.config import ConfigError
+    from coevolve.services.simulate import SimulationConfig, publish, write_file
+
+    try:
+        cfg = SimulationConfig(run_id=run_id, tasks=tasks, steps=steps, batch_tasks=batch_tasks,
+                               group_size=group_size, forget_probability=forget_probability,
+                               zipf_exponent=zipf_exponent, synthesized_per_step=synthesized_per_step,
+                               seed=seed)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if output is not None:
+        counts, files = write_file(cfg, output)
+        for path in files:
+            print(f"wrote {path}")
+    else:
+        counts = publish(cfg, _require(bootstrap), rate)
+    print(" ".join(f"{name}={n}" for name, n in sorted(counts.items())))
+
+
+@app.command()
+def run(
+    workdir: Path = typer.Option(Path(".coevolve"), help="Where the run keeps its archive and report."),
+    steps: int = typer.Option(12, help="Simulated training steps."),
+) -> None:
+    """Run the loop on the embedded default (today: the data plane on a simulated workload)."""
+    from coevolve.services.pipeline import run_pipeline
+
+    run_pipeline(workdir, steps, bootstrap=os.environ.get("KAFKA_BOOTSTRAP"))
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -1,0 +1,58 @@
+"""Structured logs: one JSON object per line on stderr, `event` plus key-value fields."""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"ts": round(record.created, 3), "level": record.levelname.lower(),
+                 "service": record.name.removeprefix("coevolve."), "event": record.getMessage()}
+        entry.update(getattr(record, "fields", {}))
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+class StructuredLogger:
+    """`log.info("event.name", key=value)`: the event name is stable, fields are data."""
+
+    def __init__(self, name: str):
+        self._logger = logging.getLogger(f"coevolve.{name}")
+
+    def _log(self, level: int, event: str, exc_info: bool = False, **fields) -> None:
+        if self._logger.isEnabledFor(level):
+            self._logger.log(level, event, extra={"fields": fields}, exc_info=exc_info)
+
+    def debug(self, event: str, **fields) -> None:
+        self._log(logging.DEBUG, event, **fields)
+
+    def info(self, event: str, **fields) -> None:
+        self._log(logging.INFO, event, **fields)
+
+    def warning(self, event: str, **fields) -> None:
+        self._log(logging.WARNING, event, **fields)
+
+    def error(self, event: str, exc_info: bool = False, **fields) -> None:
+        self._log(logging.ERROR, event, exc_info=exc_info, **fields)
+
+
+def configure(level: str = "info") -> None:
+    """Send coevolve's logs to stderr as JSON lines at `level` (the CLI's --log-level)."""
+    root = logging.getLogger("coevolve")
+    if any(getattr(h, "_coevolve", False) for h in root.handlers):
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_JsonFormatter())
+    handler._coevolve = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    root.propagate = False
+    logging.Formatter.converter = time.gmtime
+
+
+def get_logger(name: str) -> StructuredLogger:
+    return StructuredLogger(name)
