@@ -116,6 +116,34 @@ def run(
     run_pipeline(workdir, steps, bootstrap=os.environ.get("KAFKA_BOOTSTRAP"))
 
 
+@app.command()
+def archiver(
+    bootstrap: Optional[str] = BootstrapOpt,
+    clickhouse: Optional[str] = typer.Option(None, "--clickhouse", envvar="CLICKHOUSE_URL",
+                                             help="Archive URL: chdb:///abs/dir or a server URL "
+                                             "(default: chdb:///<workdir>/clickhouse)."),
+    workdir: Optional[Path] = typer.Option(None, help="Work directory of the embedded archive (.coevolve)."),
+    group_id: Optional[str] = typer.Option(None, help="Consumer group id (coevolve-archiver)."),
+    batch_size: Optional[int] = typer.Option(None, help="Events per insert batch."),
+    idle_exit: Optional[float] = typer.Option(None, help="Stop after this many idle seconds (0: never)."),
+    metrics_port: Optional[int] = typer.Option(None, help="Port of /healthz and /metrics (-1 disables)."),
+) -> None:
+    """Archive every topic into ClickHouse (tables per event, actions exploded), idempotently."""
+    from coevolve.services.archive.archiver import Archiver, ArchiverConfig
+    from coevolve.services.config import ConfigError, load
+
+    try:
+        cfg = load(ArchiverConfig, "archiver", dict(
+            kafka_bootstrap=_require(bootstrap), clickhouse_url=clickhouse, workdir=workdir,
+            group_id=group_id, batch_size=batch_size, idle_exit_seconds=idle_exit, metrics_port=metrics_port))
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    service = Archiver(cfg)
+    signal.signal(signal.SIGTERM, lambda *_: service.stop())
+    signal.signal(signal.SIGINT, lambda *_: service.stop())
+    print(f"archived {service.run()} events into {cfg.url}", flush=True)
+
+
 def main() -> None:
     try:
         app()

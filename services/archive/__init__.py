@@ -1,0 +1,1 @@
+"""The ClickHouse archive: every event of every topic, replayable signals in SQL, and the run's analyses."""

@@ -1,0 +1,170 @@
+"""`coevolve archiver`: a consumer group that stores every topic in ClickHouse.
+
+Each poll's events are added to a batch; a full (or old enough) batch is inserted, table by table, and
+only then are the consumer offsets committed. A crash between insert and commit makes the group
+re-deliver the batch, whose rows collapse into the stored ones by `event_id` (ReplacingMergeTree), so
+nothing is lost and nothing counts twice.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from tqdm import tqdm
+
+from coevolve.services.archive.health import serve
+from coevolve.services.archive.rows import COLUMNS, rows_for
+from coevolve.services.archive.store import chdb_url, connect
+from coevolve.services.broker.topics import CATALOG
+from coevolve.services.config import ConfigError, doc
+from coevolve.services.log import get_logger
+
+log = get_logger("archiver")
+
+
+@dataclass(frozen=True)
+class ArchiverConfig:
+    kafka_bootstrap: str = doc("127.0.0.1:9092", "Kafka bootstrap address HOST:PORT.")
+    clickhouse_url: str = doc("", "Archive URL: chdb:///abs/dir (embedded) or a server's http(s):// URL; "
+                                  "empty: chdb:///<workdir>/clickhouse.")
+    workdir: Path = doc(Path(".coevolve"), "Work directory holding the embedded archive.")
+    database: str = doc("coevolve", "ClickHouse database of the archive tables.")
+    group_id: str = doc("coevolve-archiver", "Consumer group; its committed offsets are the archive's progress.")
+    topics: str = doc(",".join(CATALOG), "Comma-separated topics to archive.")
+    batch_size: int = doc(20000, "Events per insert; a batch is stored when this full or batch_seconds old.")
+    batch_seconds: float = doc(1.0, "Longest time a polled event waits before its batch is stored.")
+    idle_exit_seconds: float = doc(0.0, "Stop after this long with nothing to read; 0 runs until signalled.")
+    metrics_port: int = doc(-1, "Port of /healthz and /metrics on 127.0.0.1; 0 picks one, -1 disables.")
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or self.batch_seconds <= 0:
+            raise ConfigError("batch_size must be >= 1 and batch_seconds > 0")
+        unknown = [t for t in self.topic_list if t not in CATALOG]
+        if unknown:
+            raise ConfigError(f"unknown topics {unknown}; choose from {sorted(CATALOG)}")
+
+    @property
+    def topic_list(self) -> list[str]:
+        return [t.strip() for t in self.topics.split(",") if t.strip()]
+
+    @property
+    def url(self) -> str:
+        return self.clickhouse_url or chdb_url(self.workdir)
+
+
+class _Batch:
+    def __init__(self) -> None:
+        self.rows: dict[str, list[list]] = {}
+        self.events = 0
+        self.started = 0.0
+
+    def add(self, name: str, event: dict, partition: int, offset: int) -> None:
+        if not self.events:
+            self.started = time.monotonic()
+        self.events += 1
+        for table, rows in rows_for(name, event, partition, offset).items():
+            self.rows.setdefault(table, []).extend(rows)
+
+
+class Archiver:
+    """Consume, batch, insert, then commit. `run()` blocks; `stop()` ends it after storing the batch."""
+
+    def __init__(self, config: ArchiverConfig, client=None):
+        self.cfg = config
+        self.client = client if client is not None else connect(config.url, config.database)
+        self._owns_client = client is None
+        self._stop = threading.Event()
+        self.stored_events = 0
+        self.last_poll = time.monotonic()
+        self.registry = CollectorRegistry()
+        self.m_rows = Counter("coevolve_archiver_rows", "Rows inserted, by table.", ["table"],
+                              registry=self.registry)
+        self.m_events = Counter("coevolve_archiver_events", "Events stored and committed.", registry=self.registry)
+        self.m_batch = Histogram("coevolve_archiver_batch_seconds", "Insert time of one batch.",
+                                 registry=self.registry)
+        self.m_commit = Gauge("coevolve_archiver_last_commit_timestamp_seconds",
+                              "Unix time of the last offset commit.", registry=self.registry)
+        self.m_dead = Gauge("coevolve_archiver_dead_lettered", "Undecodable messages sent to the dead-letter topic.",
+                            registry=self.registry)
+        self.server = None
+
+    def health(self) -> tuple[bool, dict]:
+        age = time.monotonic() - self.last_poll
+        return age < 30.0, {"stored_events": self.stored_events, "seconds_since_poll": round(age, 3)}
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def store(self, batch: _Batch) -> None:
+        """Insert the batch's rows, every table; raise if any insert fails (offsets stay uncommitted)."""
+        started = time.monotonic()
+        db = self.cfg.database
+        for table, rows in batch.rows.items():
+            self.client.insert(f"{db}.{table}", rows, column_names=COLUMNS[table])
+            self.m_rows.labels(table).inc(len(rows))
+        self.m_batch.observe(time.monotonic() - started)
+        log.info("archiver.stored", events=batch.events, seconds=round(time.monotonic() - started, 3),
+                 tables={t: len(r) for t, r in batch.rows.items()})
+
+    def commit(self, consumer) -> None:
+        consumer.commit()
+        self.m_commit.set(time.time())
+
+    def run(self) -> int:
+        """Archive until stopped (or idle past idle_exit_seconds); return the events stored."""
+        from coevolve.services.broker.consumer import EventConsumer
+        from coevolve.services.broker.producer import EventProducer
+
+        cfg = self.cfg
+        if cfg.metrics_port >= 0:
+            self.server = serve(cfg.metrics_port, self.registry, self.health)
+            log.info("archiver.serving", port=self.server.server_address[1])
+        deadletters = EventProducer(cfg.kafka_bootstrap, client_id="coevolve-archiver")
+        consumer = EventConsumer(cfg.kafka_bootstrap, cfg.topic_list, group_id=cfg.group_id,
+                                 service="archiver", deadletters=deadletters)
+        log.info("archiver.started", bootstrap=cfg.kafka_bootstrap, archive=cfg.url, topics=cfg.topic_list)
+        batch, last_event = _Batch(), time.monotonic()
+        bar = tqdm(desc="archive", unit="event", disable=None, leave=False)
+        try:
+            while not self._stop.is_set():
+                items = consumer.poll(0.2)
+                self.last_poll = time.monotonic()
+                for item in items:
+                    batch.add(item.name, item.event, item.partition, item.offset)
+                if items or not _assigned(consumer):
+                    last_event = self.last_poll  # idle time counts from the group join on
+                due = batch.events and (batch.events >= cfg.batch_size
+                                        or self.last_poll - batch.started >= cfg.batch_seconds)
+                if due:
+                    self._flush(batch, consumer)
+                    bar.update(batch.events)
+                    batch = _Batch()
+                self.m_dead.set(consumer.dead_lettered)
+                if cfg.idle_exit_seconds and not batch.events and self.last_poll - last_event >= cfg.idle_exit_seconds:
+                    break
+            if batch.events:
+                self._flush(batch, consumer)
+        finally:
+            bar.close()
+            consumer.close()
+            deadletters.close()
+            if self.server is not None:
+                self.server.shutdown()
+            if self._owns_client:
+                self.client.close()
+        log.info("archiver.stopped", stored_events=self.stored_events)
+        return self.stored_events
+
+    def _flush(self, batch: _Batch, consumer) -> None:
+        self.store(batch)
+        self.commit(consumer)
+        self.stored_events += batch.events
+        self.m_events.inc(batch.events)
+
+
+def _assigned(consumer) -> bool:
+    """Whether the group has handed this member its partitions (kafka-python's assignment())."""
+    return bool(consumer._consumer.assignment())

@@ -1,0 +1,98 @@
+"""Map decoded events to archive rows: one table per event, a trajectory's actions exploded.
+
+Pure functions over plain dicts, so the archiver and the tests share one mapping.
+"""
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable
+
+ORIGIN = ["log_partition", "log_offset"]
+
+COLUMNS: dict[str, list[str]] = {
+    "trajectories": ["event_id", "run_id", "step", "task_id", "task_source", "rollout_index", "group_size",
+                     "score", "success", "turn_count", "policy_version", "prompt", "response",
+                     "prompt_tokens", "completion_tokens", "produced_at", "action_names", *ORIGIN],
+    "actions": ["event_id", "run_id", "step", "task_id", "position", "name", "arguments", "observation",
+                "turn", "score"],
+    "steps": ["event_id", "run_id", "step", "trajectory_count", "policy_version", "train_reward",
+              "eval_score", "loss", "duration_seconds", "produced_at", *ORIGIN],
+    "signals": ["event_id", "kind", "run_id", "step", "subject", "task_id", "pattern", "success_threshold",
+                "window", "rare_threshold", "pattern_length", "incomplete", "attempt_score", "scores",
+                "previous_scores", "pattern_count", "pattern_total", "evidence", "produced_at", *ORIGIN],
+    "explorations": ["event_id", "run_id", "step", "signal_id", "signal_kind", "task_id", "round", "context",
+                     "tuples", "model", "produced_at", *ORIGIN],
+    "tasks": ["event_id", "task_id", "run_id", "step", "source", "verdict", "reason", "env",
+              "instruction_turns", "initial_state", "involved_classes", "reference_solution", "signal_ids",
+              "exploration_ids", "validation_score", "produced_at", *ORIGIN],
+    "deadletters": ["event_id", "source_topic", "source_partition", "source_offset", "key", "payload",
+                    "error_type", "reason", "service", "produced_at", *ORIGIN],
+}
+
+TABLE_OF = {"TrajectoryRecorded": "trajectories", "StepCompleted": "steps", "SignalRaised": "signals",
+            "ExplorationRecorded": "explorations", "TaskChecked": "tasks", "DeadLettered": "deadletters"}
+
+
+def _plain(event: dict, table: str) -> list:
+    return [event[c] for c in COLUMNS[table][:-len(ORIGIN)]]
+
+
+def _trajectory(event: dict) -> list:
+    names = [a["name"] for a in event["actions"]]
+    return [event[c] for c in COLUMNS["trajectories"][:-3]] + [names]
+
+
+def _signal(event: dict) -> list:
+    th, ev = event["thresholds"], event["evidence"]
+    return [event["event_id"], event["kind"], event["run_id"], event["step"], event["subject"],
+            event.get("task_id"), list(event.get("pattern") or []), th["success_threshold"], th["window"],
+            th["rare_threshold"], th["pattern_length"], event.get("incomplete", False),
+            ev.get("attempt_score"), list(ev.get("scores") or []), list(ev.get("previous_scores") or []),
+            ev.get("pattern_count", 0), ev.get("pattern_total", 0), json.dumps(ev, sort_keys=True),
+            event["produced_at"]]
+
+
+def _exploration(event: dict) -> list:
+    row = _plain(event, "explorations")
+    row[COLUMNS["explorations"].index("tuples")] = [
+        (t["name"], t["arguments"], t["observation"], t["task_id"]) for t in event["tuples"]]
+    return row
+
+
+def _bytes_text(value: bytes | None) -> str | None:
+    """Kafka keys and payloads are bytes; keep valid UTF-8 as text and the rest as `base64:`."""
+    if value is None:
+        return None
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return "base64:" + base64.b64encode(value).decode("ascii")
+
+
+def _deadletter(event: dict) -> list:
+    row = _plain(event, "deadletters")
+    cols = COLUMNS["deadletters"]
+    row[cols.index("key")] = _bytes_text(event.get("key"))
+    row[cols.index("payload")] = "base64:" + base64.b64encode(event["payload"]).decode("ascii")
+    return row
+
+
+_MAPPERS: dict[str, Callable[[dict], list]] = {
+    "TrajectoryRecorded": _trajectory, "SignalRaised": _signal, "ExplorationRecorded": _exploration,
+    "DeadLettered": _deadletter,
+    "StepCompleted": lambda e: _plain(e, "steps"), "TaskChecked": lambda e: _plain(e, "tasks"),
+}
+
+
+def rows_for(name: str, event: dict, partition: int, offset: int) -> dict[str, list[list]]:
+    """The rows one event adds, per table; unknown record names add none."""
+    mapper = _MAPPERS.get(name)
+    if mapper is None:
+        return {}
+    out = {TABLE_OF[name]: [mapper(event) + [partition, offset]]}
+    if name == "TrajectoryRecorded":
+        out["actions"] = [[event["event_id"], event["run_id"], event["step"], event["task_id"], i, a["name"],
+                           a["arguments"], a["observation"], a.get("turn", 0), event["score"]]
+                          for i, a in enumerate(event["actions"])]
+    return out

@@ -1,0 +1,42 @@
+"""Open the archive: chDB in-process (`chdb:///dir`) or a ClickHouse server URL, same client API.
+
+chDB lets one process hold a data directory at a time, and one directory per process: the archiver
+owns the directory while it runs; `analyze` and `replay` open it after the archiver stops.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import clickhouse_connect
+from clickhouse_connect.driver.exceptions import ClickHouseError
+
+from coevolve.services.archive.migrations import migrate
+
+
+class ArchiveError(RuntimeError):
+    """The archive cannot be opened or is not a CoEvolve archive."""
+
+
+def chdb_url(workdir: Path | str) -> str:
+    """The embedded archive's URL for a work directory."""
+    return f"chdb://{Path(workdir).resolve() / 'clickhouse'}"
+
+
+def connect(url: str, database: str = "coevolve", create: bool = True):
+    """A clickhouse-connect client for `url`, with the archive's migrations applied when `create`."""
+    if url.startswith("chdb:") and not url.startswith(("chdb:///", "chdb://memory")):
+        raise ArchiveError(f"{url!r}: use chdb:///absolute/path or chdb://memory")
+    if url.startswith("chdb:///"):
+        Path(url.removeprefix("chdb://")).mkdir(parents=True, exist_ok=True)
+    try:
+        client = clickhouse_connect.get_client(dsn=url)
+    except ClickHouseError as exc:
+        hint = " (another process, e.g. a running archiver, may hold this chDB directory)" \
+            if url.startswith("chdb:") else ""
+        raise ArchiveError(f"cannot open the archive at {url}: {exc}{hint}") from exc
+    if create:
+        migrate(client, database)
+    elif database not in {r[0] for r in client.query("SHOW DATABASES").result_rows}:
+        client.close()
+        raise ArchiveError(f"{url} holds no `{database}` database; archive a run first (`coevolve archiver`)")
+    return client
