@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 
 from kafka import KafkaProducer
-from kafka.errors import KafkaError
+from kafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 
 from coevolve.schemas import SchemaRegistry, default_registry
 from coevolve.services.broker.topics import CATALOG
@@ -50,11 +50,12 @@ class EventProducer:
             self._producer = KafkaProducer(
                 bootstrap_servers=bootstrap, client_id=client_id, acks="all", retries=2**31 - 1,
                 retry_backoff_ms=100, reconnect_backoff_ms=100, reconnect_backoff_max_ms=2000,
-                delivery_timeout_ms=timeout_ms, request_timeout_ms=min(timeout_ms, 10000),
-                max_block_ms=timeout_ms, linger_ms=linger_ms, batch_size=256 * 1024,
+                delivery_timeout_ms=timeout_ms, request_timeout_ms=min(timeout_ms // 2, 10000),
+                max_block_ms=timeout_ms, bootstrap_timeout_ms=timeout_ms, linger_ms=linger_ms,
+                batch_size=256 * 1024,
                 max_in_flight_requests_per_connection=1,
             )
-        except KafkaError as exc:
+        except (KafkaConnectionError, KafkaTimeoutError) as exc:
             raise DeliveryError(bootstrap, [], f"cannot connect: {exc}") from exc
         self._pending: list[_Pending] = []
         self.sent = 0

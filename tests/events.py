@@ -1,0 +1,59 @@
+"""One valid event of every type, for round-trip tests."""
+from __future__ import annotations
+
+import uuid
+
+NOW = 1_795_000_000_000
+
+
+def sample_events() -> dict[str, dict]:
+    """A valid record for every schema in schemas/, keyed by record name."""
+    def eid() -> str:
+        return str(uuid.uuid4())
+
+    action = {"name": "cd", "arguments": '{"folder": "document"}', "observation": "ok", "turn": 0}
+    return {
+        "TrajectoryRecorded": {
+            "event_id": eid(), "run_id": "r1", "step": 3, "task_id": "multi_turn_base_7",
+            "task_source": "seed", "rollout_index": 1, "group_size": 8, "score": 0.5, "success": False,
+            "actions": [action, {**action, "name": "ls", "arguments": "{}", "turn": 1}], "turn_count": 2,
+            "policy_version": 3, "prompt": "p", "response": "[cd(folder='document')]",
+            "prompt_tokens": 100, "completion_tokens": 12, "produced_at": NOW,
+        },
+        "StepCompleted": {
+            "event_id": eid(), "run_id": "r1", "step": 3, "trajectory_count": 64, "policy_version": 3,
+            "train_reward": 0.41, "eval_score": None, "loss": 0.12, "duration_seconds": 7.5,
+            "produced_at": NOW,
+        },
+        "SignalRaised": {
+            "event_id": eid(), "kind": "rare", "run_id": "r1", "step": 3, "subject": "mv",
+            "task_id": None, "pattern": ["mv"],
+            "thresholds": {"success_threshold": 0.5, "window": 5, "rare_threshold": 5.0, "pattern_length": 1},
+            "incomplete": False,
+            "evidence": {"scores": [], "attempt_score": None, "previous_scores": [], "pattern_count": 1,
+                         "pattern_total": 90, "task_ids": ["multi_turn_base_7"],
+                         "trajectories": [{"event_id": eid(), "task_id": "multi_turn_base_7",
+                                           "rollout_index": 1, "score": 0.5,
+                                           "actions": [{"name": "mv", "arguments": "{}", "observation": "x"}]}]},
+            "produced_at": NOW,
+        },
+        "ExplorationRecorded": {
+            "event_id": eid(), "run_id": "r1", "step": 3, "signal_id": eid(), "signal_kind": "rare",
+            "task_id": "multi_turn_base_7", "round": 0, "context": "the agent never uses mv",
+            "tuples": [{"name": "mv", "arguments": '{"source": "a", "destination": "b"}',
+                        "observation": "moved", "task_id": "multi_turn_base_7"}],
+            "model": "SmolLM2-135M-Instruct", "produced_at": NOW,
+        },
+        "TaskChecked": {
+            "event_id": eid(), "task_id": "syn-1", "run_id": "r1", "step": 3, "source": "synthesized",
+            "verdict": "rejected", "reason": "reference call failed", "env": "bfcl",
+            "instruction_turns": ["move a to b"], "initial_state": "{}",
+            "involved_classes": ["GorillaFileSystem"], "reference_solution": [["mv(source='a', destination='b')"]],
+            "signal_ids": [], "exploration_ids": [], "validation_score": 0.0, "produced_at": NOW,
+        },
+        "DeadLettered": {
+            "event_id": eid(), "source_topic": "coevolve.trajectories", "source_partition": 0,
+            "source_offset": 17, "key": b"k", "payload": b"\x00\x01garbage", "error_type": "malformed",
+            "reason": "not Avro", "service": "test", "produced_at": NOW,
+        },
+    }

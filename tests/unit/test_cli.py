@@ -1,0 +1,40 @@
+"""The command line: one Typer app, and --help on every subcommand."""
+import pytest
+from typer.main import get_command
+from typer.testing import CliRunner
+
+from coevolve.services.cli import app
+
+
+def _commands(group, prefix=()):
+    for name, cmd in group.commands.items():
+        yield prefix + (name,)
+        if hasattr(cmd, "commands"):  # a group (Typer vendors its own click)
+            yield from _commands(cmd, prefix + (name,))
+
+
+ALL = list(_commands(get_command(app)))
+
+
+def test_the_expected_commands_exist():
+    assert {("broker",), ("topics", "create"), ("simulate",), ("run",)} <= set(ALL)
+
+
+@pytest.mark.parametrize("path", ALL, ids=" ".join)
+def test_every_subcommand_has_help(path):
+    result = CliRunner().invoke(app, [*path, "--help"])
+    assert result.exit_code == 0, result.output
+    assert "Usage:" in result.output and "--help" in result.output
+
+
+def test_missing_bootstrap_says_how_to_fix_it(monkeypatch):
+    monkeypatch.delenv("KAFKA_BOOTSTRAP", raising=False)
+    result = CliRunner().invoke(app, ["topics", "create"])
+    assert result.exit_code != 0
+    assert "KAFKA_BOOTSTRAP" in result.output
+
+
+def test_invalid_simulation_is_refused_with_the_reason(tmp_path):
+    result = CliRunner().invoke(app, ["simulate", "--tasks", "3", "--batch-tasks", "5",
+                                      "--output", str(tmp_path / "x.avro")])
+    assert result.exit_code != 0 and "exceeds tasks" in result.output
