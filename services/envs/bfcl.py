@@ -1,0 +1,323 @@
+"""BFCL multi-turn as an environment: safe dispatch, isolated episodes, and BFCL's own scoring rule.
+
+Calls run on fresh instances of BFCL's executable backends (imported from `bfcl_eval`), one set per
+episode, loaded from the task's initial state. Only public methods of the task's classes are reachable,
+with literal arguments parsed by `calls.py`; nothing is evaluated.
+
+Scoring follows BFCL's multi-turn checker: when a turn ends, the turn's reference calls run on a second,
+reference set of instances; the turn passes when every public attribute of every reference instance
+equals the episode's, and the reference calls' results all appear (as a multiset) among the results the
+episode has produced so far. A turn with no reference calls is not checked, as in BFCL. Unlike BFCL,
+which stops at the first failing turn, every turn gets a verdict, so `score` is the fraction passed.
+"""
+from __future__ import annotations
+
+import copy
+import importlib
+import inspect
+import json
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Callable, Mapping, Sequence
+
+from coevolve.services.config import ConfigError, doc
+from coevolve.services.envs import bfcl_data
+from coevolve.services.envs.base import Message, StepResult, Task, TurnVerdict
+from coevolve.services.envs.calls import Call, CallLimits, Rejected, parse_action
+
+_BACKEND_PACKAGE = "bfcl_eval.eval_checker.multi_turn_eval.func_source_code"
+_MODULES = {name: file.removesuffix(".json") for name, file in bfcl_data.DOC_FILES.items()}
+_STATELESS = frozenset({"MathAPI"})
+
+# Some backends write process-wide state while they run (mpmath's precision, a module-level dict in
+# the vehicle backend), so calls into them are serialized; each call takes microseconds.
+_BACKEND_LOCK = threading.Lock()
+
+
+class InvalidTask(ValueError):
+    """The task cannot run here (unknown tool class, unloadable initial state, no turns)."""
+
+
+@dataclass(frozen=True)
+class BfclConfig:
+    """Guards of one BFCL episode."""
+
+    max_steps_per_turn: int = doc(20, "Tool-calling steps allowed in one turn (BFCL's limit is 20).")
+    max_steps: int = doc(100, "Tool-calling steps allowed in the whole episode.")
+    timeout_s: float = doc(60.0, "Wall-clock limit of one episode, in seconds.")
+    max_action_chars: int = doc(20_000, "Longest agent output accepted, in characters.")
+    max_literal_depth: int = doc(16, "Deepest container nesting inside one call argument.")
+    max_literal_nodes: int = doc(5_000, "Most literal values in one agent output.")
+
+    def __post_init__(self) -> None:
+        for name in ("max_steps_per_turn", "max_steps", "max_action_chars", "max_literal_depth",
+                     "max_literal_nodes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}={getattr(self, name)} must be at least 1")
+        if self.timeout_s <= 0:
+            raise ConfigError(f"timeout_s={self.timeout_s} must be positive")
+
+    @property
+    def limits(self) -> CallLimits:
+        return CallLimits(self.max_action_chars, self.max_literal_depth, self.max_literal_nodes)
+
+
+@lru_cache(maxsize=None)
+def backend_class(name: str) -> type:
+    if name not in _MODULES:
+        raise InvalidTask(f"unknown tool class {name!r}; BFCL multi-turn has {', '.join(_MODULES)}")
+    return getattr(importlib.import_module(f"{_BACKEND_PACKAGE}.{_MODULES[name]}"), name)
+
+
+@lru_cache(maxsize=None)
+def public_methods(name: str) -> frozenset[str]:
+    return frozenset(n for n, _ in inspect.getmembers(backend_class(name), inspect.isfunction)
+                     if not n.startswith("_"))
+
+
+def _arg(bound: inspect.BoundArguments, name: str) -> Any:
+    return bound.arguments.get(name)
+
+
+def _power_guard(b: inspect.BoundArguments) -> str | None:
+    base, exp = _arg(b, "base"), _arg(b, "exponent")
+    if isinstance(base, int) and isinstance(exp, int) and abs(exp) * max(abs(base).bit_length(), 1) > 1 << 20:
+        return "the result would have more than a million bits"
+    return None
+
+
+def _precision_guard(b: inspect.BoundArguments) -> str | None:
+    precision = _arg(b, "precision")
+    if isinstance(precision, int) and precision > 10_000:
+        return "precision above 10000 digits is not supported"
+    return None
+
+
+# Arguments that would make a backend compute for minutes; a literal can be short and still huge work.
+_COST_GUARDS: dict[tuple[str, str], Callable[[inspect.BoundArguments], str | None]] = {
+    ("MathAPI", "power"): _power_guard,
+    ("MathAPI", "square_root"): _precision_guard,
+    ("MathAPI", "logarithm"): _precision_guard,
+}
+
+
+def render_result(value: Any) -> str:
+    """A call's result as the agent sees it; the same text form as BFCL's executor."""
+    if type(value) is str:
+        return value
+    if type(value) is dict:
+        try:
+            return json.dumps(value)
+        except (TypeError, ValueError):
+            return str(value)
+    return str(value)
+
+
+class Workspace:
+    """Fresh backend instances for one task, and the only way to call them."""
+
+    def __init__(self, task: Task):
+        self.instances: dict[str, Any] = {}
+        self.owner: dict[str, str] = {}
+        for name in task.involved_classes:
+            instance = backend_class(name)()
+            if name not in _STATELESS:
+                config = task.initial_state.get(name, {})
+                if not isinstance(config, dict):
+                    raise InvalidTask(f"initial state of {name} must be an object")
+                try:
+                    instance._load_scenario(copy.deepcopy(config), long_context=task.long_context)
+                except Exception as exc:
+                    raise InvalidTask(f"cannot load the initial state of {name}: {exc}") from exc
+            self.instances[name] = instance
+            for method in public_methods(name):
+                self.owner[method] = name
+
+    def run(self, call: Call | Rejected) -> str:
+        """Run one call; every failure comes back as text, never as an exception."""
+        if isinstance(call, Rejected):
+            return f"Invalid action: {call.reason}. Got: {call.source}"
+        owner = self.owner.get(call.name)
+        if owner is None:
+            return (f"Invalid action: {call.name!r} is not a function of this task's tools "
+                    f"({', '.join(self.instances)}).")
+        method = getattr(self.instances[owner], call.name)
+        args, kwargs = copy.deepcopy((call.args, dict(call.kwargs)))
+        guard = _COST_GUARDS.get((owner, call.name))
+        if guard is not None:
+            try:
+                refusal = guard(inspect.signature(method).bind(*args, **kwargs))
+            except TypeError:
+                refusal = None
+            if refusal:
+                return f"Invalid action: {call.name}: {refusal}."
+        try:
+            with _BACKEND_LOCK:
+                return render_result(method(*args, **kwargs))
+        except Exception as exc:
+            return f"Error during execution: {exc}"
+
+    def state_differences(self, reference: "Workspace") -> dict[str, list[str]]:
+        """Per class, the public attributes of the reference instance this one does not equal."""
+        diffs: dict[str, list[str]] = {}
+        for name, ref in reference.instances.items():
+            mine = self.instances[name]
+            for attr, value in vars(ref).items():
+                if attr.startswith("_"):
+                    continue
+                try:
+                    same = hasattr(mine, attr) and not (getattr(mine, attr) != value)
+                except Exception:
+                    same = False
+                if not same:
+                    diffs.setdefault(name, []).append(attr)
+        return diffs
+
+
+@lru_cache(maxsize=4096)
+def _parse_reference(calls: tuple[str, ...]) -> tuple[Call | Rejected, ...]:
+    return parse_action(list(calls), CallLimits(max_chars=1 << 20, max_nodes=1 << 20)).calls
+
+
+class BfclEnv:
+    """One BFCL multi-turn episode at a time. Build one per concurrent episode."""
+
+    name = "bfcl"
+
+    def __init__(self, config: BfclConfig | None = None):
+        self.config = config or BfclConfig()
+        self.task: Task | None = None
+        self.done = True
+
+    def reset(self, task: Task) -> list[Message]:
+        if not task.turns:
+            raise InvalidTask(f"task {task.task_id} has no turns")
+        self.task = task
+        self.work = Workspace(task)
+        self.reference = Workspace(task) if task.scored else None
+        self.turn = 0
+        self.steps_in_turn = 0
+        self.steps = 0
+        self.turn_calls = 0
+        self.results: list[str] = []
+        self._verdicts: list[TurnVerdict] = []
+        self.terminated: str | None = None
+        self.started = time.monotonic()
+        self.done = False
+        tools = bfcl_data.tools_at(task, 0)
+        return [{"role": "system", "content": bfcl_data.system_prompt(tools), "tools": tools},
+                {"role": "user", "content": task.turns[0]}]
+
+    def verdicts(self) -> list[TurnVerdict]:
+        return list(self._verdicts)
+
+    def tools(self) -> list[dict[str, Any]]:
+        """The tools offered at the current turn, as OpenAI-style schemas."""
+        return bfcl_data.tools_at(self.task, self.turn) if self.task else []
+
+    @property
+    def score(self) -> float:
+        if self.task is None or not self.task.scored:
+            return 0.0
+        return sum(v.passed for v in self._verdicts) / len(self.task.turns)
+
+    @property
+    def success(self) -> bool:
+        return (self.done and self.terminated is None and self.task is not None and self.task.scored
+                and all(v.passed for v in self._verdicts))
+
+    def _result(self, observations: list[Message], **info: Any) -> StepResult:
+        info.update(turn=self.turn, steps=self.steps, terminated=self.terminated)
+        return StepResult(observations, self.done, self.score, self.success, info)
+
+    def step(self, action: str | Sequence[str | Mapping[str, Any]]) -> StepResult:
+        if self.done:
+            return self._result([{"role": "system", "content": "The episode is over; call reset."}])
+        if time.monotonic() - self.started > self.config.timeout_s:
+            return self.terminate(f"time limit of {self.config.timeout_s:g} s reached")
+        parsed = parse_action(action, self.config.limits)
+        if parsed.ends_turn:
+            return self._end_turn()
+        if self.steps_in_turn >= self.config.max_steps_per_turn:
+            return self.terminate(f"more than {self.config.max_steps_per_turn} tool-calling steps in one turn")
+        if self.steps >= self.config.max_steps:
+            return self.terminate(f"more than {self.config.max_steps} tool-calling steps in the episode")
+        self.steps_in_turn += 1
+        self.steps += 1
+        observations: list[Message] = []
+        for call in parsed.calls:
+            if time.monotonic() - self.started > self.config.timeout_s:
+                return self.terminate(f"time limit of {self.config.timeout_s:g} s reached", observations)
+            result = self.work.run(call)
+            self.results.append(result)
+            self.turn_calls += 1
+            observations.append({"role": "tool", "name": call.name or "invalid", "content": result})
+        return self._result(observations)
+
+    def terminate(self, reason: str, observations: list[Message] | None = None) -> StepResult:
+        """End the episode now: the current turn and every later one fail with `reason`."""
+        if self.done:
+            return self._result(observations or [])
+        self.terminated = reason
+        if self.task.scored:
+            for turn in range(self.turn, len(self.task.turns)):
+                why = f"terminated: {reason}" if turn == self.turn else "not reached"
+                self._verdicts.append(TurnVerdict(turn, False, why))
+        self.done = True
+        return self._result((observations or []) + [{"role": "system", "content": f"Episode ended: {reason}."}])
+
+    def _end_turn(self) -> StepResult:
+        verdict = self._check_turn() if self.task.scored else None
+        if verdict is not None:
+            self._verdicts.append(verdict)
+        self.turn += 1
+        self.steps_in_turn = 0
+        self.turn_calls = 0
+        observations: list[Message] = []
+        if self.turn == len(self.task.turns):
+            self.done = True
+        else:
+            added = bfcl_data.tools_added_at(self.task, self.turn)
+            if added:
+                listing = "\n".join(json.dumps(t["function"], ensure_ascii=False) for t in added)
+                observations.append({"role": "system", "content": f"New functions are available:\n{listing}",
+                                     "tools": added})
+            observations.append({"role": "user", "content": self.task.turns[self.turn]})
+        return self._result(observations, verdict=verdict.to_dict() if verdict else None)
+
+    def _check_turn(self) -> TurnVerdict:
+        reference_calls = self.task.reference[self.turn]
+        expected = [self.reference.run(call) for call in _parse_reference(reference_calls)]
+        if not reference_calls:
+            return TurnVerdict(self.turn, True, "no reference calls this turn; not checked")
+        if self.turn_calls == 0:
+            return TurnVerdict(self.turn, False, "no tool calls in this turn")
+        diffs = self.work.state_differences(self.reference)
+        missing = list((Counter(expected) - Counter(self.results)).elements())
+        details = {"state_differences": diffs, "missing_results": missing}
+        if diffs:
+            where = ", ".join(f"{cls}.{attr}" for cls, attrs in diffs.items() for attr in attrs)
+            return TurnVerdict(self.turn, False, f"state differs from the reference: {where}", details)
+        if missing:
+            return TurnVerdict(self.turn, False, f"{len(missing)} reference result(s) missing from the "
+                                                 f"episode's results", details)
+        return TurnVerdict(self.turn, True, "state and results match the reference")
+
+
+def score_calls(task: Task, turns: Sequence[Sequence[str]], config: BfclConfig | None = None) -> dict[str, Any]:
+    """Score a fixed call sequence (per turn, BFCL call strings), the way `coevolve env score` does."""
+    if len(turns) > len(task.turns):
+        raise ValueError(f"task {task.task_id} has {len(task.turns)} turns, the calls give {len(turns)}")
+    env = BfclEnv(config)
+    env.reset(task)
+    for calls in turns:
+        if calls:
+            env.step(list(calls))
+        env.step("")
+    if not env.done:
+        env.terminate(f"the calls give {len(turns)} of {len(task.turns)} turns")
+    return {"task_id": task.task_id, "success": env.success, "score": env.score,
+            "turns": [v.to_dict() for v in env.verdicts()]}

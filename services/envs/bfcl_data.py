@@ -1,0 +1,161 @@
+"""BFCL multi-turn tasks, their tool schemas and the fixed train/test split, read from `bfcl-eval`.
+
+The data ships inside the installed `bfcl_eval` package (installed with `--no-deps`); nothing here
+imports its inference or evaluation code.
+"""
+from __future__ import annotations
+
+import json
+import random
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Iterable
+
+from coevolve.services.envs.base import Task
+
+CATEGORIES = ("multi_turn_base", "multi_turn_miss_param", "multi_turn_miss_func",
+              "multi_turn_long_context")
+SPLIT_CATEGORY = "multi_turn_base"
+SPLIT_SEED = 2604
+"""Seed of the held-out split; changing it changes which tasks evaluation sees."""
+
+ADDED_TOOLS_PROMPT = "I have updated some more functions you can choose from. What about now?"
+"""The user message of a miss_func turn that only brings new tools (BFCL's wording)."""
+
+DOC_FILES = {
+    "GorillaFileSystem": "gorilla_file_system.json", "MathAPI": "math_api.json",
+    "MessageAPI": "message_api.json", "TwitterAPI": "posting_api.json",
+    "TicketAPI": "ticket_api.json", "TradingBot": "trading_bot.json",
+    "TravelAPI": "travel_booking.json", "VehicleControlAPI": "vehicle_control.json",
+}
+"""The multi-turn tool classes and the file holding each one's function docs."""
+
+_JSON_TYPES = {"dict": "object", "float": "number", "tuple": "array", "any": "string"}
+
+
+def data_dir() -> Path:
+    return Path(str(resources.files("bfcl_eval") / "data"))
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    with path.open(encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def category_of(task_id: str) -> str:
+    return task_id.rsplit("_", 1)[0]
+
+
+def index_of(task_id: str) -> int:
+    return int(task_id.rsplit("_", 1)[1])
+
+
+@lru_cache(maxsize=None)
+def load_category(category: str) -> tuple[Task, ...]:
+    """Every task of one BFCL multi-turn category, with its ground truth as the reference."""
+    if category not in CATEGORIES:
+        raise ValueError(f"unknown BFCL category {category!r}; choose from {', '.join(CATEGORIES)}")
+    root = data_dir()
+    entries = _read_jsonl(root / f"BFCL_v4_{category}.json")
+    answers = {a["id"]: a["ground_truth"] for a in _read_jsonl(root / "possible_answer" / f"BFCL_v4_{category}.json")}
+    tasks = []
+    for entry in entries:
+        added = {int(turn): tuple(names) for turn, names in entry.get("missed_function", {}).items()}
+        turns = tuple(messages[0]["content"] if messages else ADDED_TOOLS_PROMPT
+                      for messages in entry["question"])
+        tasks.append(Task(task_id=entry["id"], turns=turns, initial_state=entry["initial_config"],
+                          involved_classes=tuple(entry["involved_classes"]),
+                          reference=tuple(tuple(turn) for turn in answers[entry["id"]]),
+                          added_tools=added, long_context="long_context" in category))
+    return tuple(tasks)
+
+
+@lru_cache(maxsize=None)
+def _task_index() -> dict[str, Task]:
+    return {task.task_id: task for category in CATEGORIES for task in load_category(category)}
+
+
+def get_task(task_id: str) -> Task:
+    """The BFCL task with this id, e.g. `multi_turn_base_12`."""
+    try:
+        return _task_index()[task_id]
+    except KeyError:
+        raise KeyError(f"no BFCL multi-turn task {task_id!r} (ids look like multi_turn_base_0 ... "
+                       f"multi_turn_long_context_199)") from None
+
+
+@lru_cache(maxsize=None)
+def test_indices(seed: int = SPLIT_SEED) -> frozenset[int]:
+    """Indices of the held-out half of multi_turn_base: a seeded shuffle, second half."""
+    indices = sorted(index_of(t.task_id) for t in load_category(SPLIT_CATEGORY))
+    random.Random(seed).shuffle(indices)
+    return frozenset(indices[len(indices) // 2:])
+
+
+def split_of(task_id: str, seed: int = SPLIT_SEED) -> str:
+    """`train` or `test`. The other categories are variants of the base task with the same index,
+    so they follow its split and a test scenario never leaks into training."""
+    return "test" if index_of(task_id) in test_indices(seed) else "train"
+
+
+def load_tasks(categories: Iterable[str] = (SPLIT_CATEGORY,), split: str = "all",
+               seed: int = SPLIT_SEED) -> list[Task]:
+    """Tasks of the given categories; `split` is `train`, `test` (evaluation) or `all`."""
+    if split not in ("train", "test", "all"):
+        raise ValueError(f"split must be train, test or all, not {split!r}")
+    return [t for c in categories for t in load_category(c)
+            if split == "all" or split_of(t.task_id, seed) == split]
+
+
+@lru_cache(maxsize=None)
+def function_docs(class_name: str) -> tuple[dict[str, Any], ...]:
+    """BFCL's function docs of one tool class."""
+    if class_name not in DOC_FILES:
+        raise ValueError(f"unknown BFCL tool class {class_name!r}; known: {', '.join(DOC_FILES)}")
+    return tuple(_read_jsonl(data_dir() / "multi_turn_func_doc" / DOC_FILES[class_name]))
+
+
+def _json_schema(schema: Any) -> Any:
+    if isinstance(schema, dict):
+        out = {k: _json_schema(v) for k, v in schema.items()}
+        if isinstance(out.get("type"), str):
+            out["type"] = _JSON_TYPES.get(out["type"], out["type"])
+        return out
+    if isinstance(schema, list):
+        return [_json_schema(v) for v in schema]
+    return schema
+
+
+def tool_schema(doc: dict[str, Any]) -> dict[str, Any]:
+    """One function doc as an OpenAI-style tool (JSON Schema types), the form chat templates take."""
+    return {"type": "function", "function": {"name": doc["name"], "description": doc["description"],
+                                             "parameters": _json_schema(doc["parameters"])}}
+
+
+def tools_at(task: Task, turn: int) -> list[dict[str, Any]]:
+    """The tools offered at `turn`: every function of the involved classes, minus those withheld
+    until a later turn."""
+    withheld = {name for t, names in task.added_tools.items() if t > turn for name in names}
+    return [tool_schema(doc) for cls in task.involved_classes for doc in function_docs(cls)
+            if doc["name"] not in withheld]
+
+
+def tools_added_at(task: Task, turn: int) -> list[dict[str, Any]]:
+    names = set(task.added_tools.get(turn, ()))
+    return [tool_schema(doc) for cls in task.involved_classes for doc in function_docs(cls)
+            if doc["name"] in names]
+
+
+def system_prompt(tools: list[dict[str, Any]]) -> str:
+    listing = "\n".join(json.dumps(t["function"], ensure_ascii=False) for t in tools)
+    return (
+        "You are an agent that completes the user's requests by calling functions. Each turn, call "
+        "the functions needed, read their results, and keep calling until the request is done; then "
+        "reply without a function call to end the turn. If a request cannot be done with these "
+        "functions, or lacks a required value, say so instead of calling.\n\n"
+        "Write calls either as a Python-style list, e.g. [func_a(x=1, y='b'), func_b()], or as JSON "
+        "tool calls, e.g. {\"name\": \"func_a\", \"arguments\": {\"x\": 1, \"y\": \"b\"}}. Arguments "
+        "must be literal values.\n\n"
+        f"Available functions:\n{listing}\n"
+    )
