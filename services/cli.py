@@ -144,6 +144,33 @@ def archiver(
     print(f"archived {service.run()} events into {cfg.url}", flush=True)
 
 
+@app.command()
+def replay(
+    input: Optional[list[Path]] = typer.Option(None, "--input", help="Avro log file(s): trajectories and "
+                                               "completed steps (a run.avro's step file is added)."),
+    bootstrap: Optional[str] = typer.Option(None, "--bootstrap", help="Without --input, read the topics "
+                                            "from offset zero; also the broker for --publish/--compare."),
+    window: int = typer.Option(5, help="W: previous attempts forgetting looks back on."),
+    success_threshold: float = typer.Option(0.5, help="tau: an attempt or rollout succeeds at >= tau."),
+    rare_threshold: float = typer.Option(5.0, help="theta, percent: rare when 0 < c_p/N < theta/100."),
+    pattern_length: int = typer.Option(1, help="n: consecutive action names per pattern."),
+    output: Optional[Path] = typer.Option(None, help="Write the signals here as JSON lines."),
+    publish: Optional[str] = typer.Option(None, help="Send the signals to this topic (needs --bootstrap)."),
+    compare: Optional[str] = typer.Option(None, help="Diff against a signal JSON-lines file, or a topic."),
+    workers: int = typer.Option(2, help="Decoding processes for --input."),
+) -> None:
+    """Recompute signals from the event log with any thresholds; print counts and a diff."""
+    from coevolve.streams.replay import run_replay
+
+    if not input and not bootstrap:
+        raise typer.BadParameter("give --input PATH or --bootstrap HOST:PORT", param_hint="--input")
+    try:
+        print(run_replay(input, bootstrap, window, success_threshold, rare_threshold, pattern_length,
+                         output, publish, compare, workers))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
 def main() -> None:
     try:
         app()

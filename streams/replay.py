@@ -1,0 +1,253 @@
+"""`coevolve replay`: recompute signals from the event log with any thresholds.
+
+Sources: Avro container files (`read_files`) or the Kafka topics from offset zero (`read_topics`).
+Completed-step records are read first and take effect just before the first trajectory of their run
+with a higher step (see streams/signals.py); the end of the input closes every open group and step.
+With `workers > 1`, trajectory files are decoded by that many processes, block ranges each, and the
+main process feeds the decoded rollouts, in file order, to the same pure functions.
+"""
+from __future__ import annotations
+
+import io
+import json
+import multiprocessing
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import fastavro
+
+from coevolve.schemas.container import LogFileError, log_paths
+from coevolve.streams.signals import (EvidenceLimits, InvalidEvent, Replayer, Signal, Thresholds, diff,
+                                      iter_json_lines, rollout_of, summarize)
+
+CHUNK_BYTES = 4 * 1024 * 1024  # trajectory bytes one decode task covers
+
+
+@dataclass
+class ReplayResult:
+    signals: list[Signal]
+    events: int = 0
+    seconds: float = 0.0
+    outcomes: dict = field(default_factory=dict)
+    invalid: list = field(default_factory=list)
+
+
+def expand_inputs(paths: Iterable[Path | str]) -> list[Path]:
+    """The given files, plus the completed-step file written beside a trajectory log, if present."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p not in out:
+            out.append(p)
+        sibling = log_paths(p)["StepCompleted"]
+        if p.name.endswith(".avro") and sibling != p and sibling.exists() and sibling not in out:
+            out.append(sibling)
+    return out
+
+
+def _root_name(path: Path) -> str:
+    try:
+        with open(path, "rb") as fh:
+            reader = fastavro.reader(fh)
+            root = reader.writer_schema
+    except OSError as exc:
+        raise LogFileError(f"{path}: cannot open: {exc.strerror}") from exc
+    except (ValueError, EOFError) as exc:
+        raise LogFileError(f"{path}: not an Avro container file ({exc})") from exc
+    if not isinstance(root, dict) or root.get("type") != "record":
+        raise LogFileError(f"{path}: root schema must be one event record, one type per file")
+    return root["name"].rsplit(".", 1)[-1]
+
+
+def _chunks(path: Path) -> tuple[bytes, list[tuple[int, int]]]:
+    """The file's header bytes and (offset, length) ranges of whole blocks, about CHUNK_BYTES each."""
+    with open(path, "rb") as fh:
+        blocks = [(b.offset, b.size) for b in fastavro.block_reader(fh)]
+        if not blocks:
+            return b"", []
+        fh.seek(0)
+        header = fh.read(blocks[0][0])
+    ranges, start, end = [], None, None
+    for off, size in blocks:
+        if start is None:
+            start = off
+        end = off + size
+        if end - start >= CHUNK_BYTES:
+            ranges.append((start, end - start))
+            start = None
+    if start is not None:
+        ranges.append((start, end - start))
+    return header, ranges
+
+
+def _decode_chunk(task: tuple[str, bytes, int, int, EvidenceLimits]) -> list:
+    """Decode one block range to rollouts; an invalid trajectory becomes ('invalid', id, reason)."""
+    path, header, offset, length, limits = task
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        body = fh.read(length)
+    out = []
+    for event in fastavro.reader(io.BytesIO(header + body)):
+        try:
+            out.append(rollout_of(event, limits))
+        except (InvalidEvent, KeyError, TypeError) as exc:
+            out.append(("invalid", str(event.get("event_id")), str(exc)))
+    return out
+
+
+def replay_files(paths: Iterable[Path | str], thresholds: Thresholds = Thresholds(),
+                 limits: EvidenceLimits = EvidenceLimits(), workers: int = 1) -> ReplayResult:
+    """Replay Avro container files (trajectory and completed-step files, any order)."""
+    started = time.perf_counter()
+    replayer = Replayer(thresholds, limits)
+    named = [(p, _root_name(p)) for p in expand_inputs(paths)]
+    for path, name in named:
+        if name == "StepCompleted":
+            for event in fastavro.reader(open(path, "rb")):
+                replayer.add_step(event)
+    events = 0
+    trajectory_files = [p for p, n in named if n == "TrajectoryRecorded"]
+    for item in _rollouts(trajectory_files, limits, workers):
+        events += 1
+        if item[0] == "invalid":
+            replayer.outcomes["invalid"] += 1
+            replayer.invalid.append((item[1], item[2]))
+        else:
+            replayer.add_rollout(item)
+    signals = replayer.finish()
+    return ReplayResult(signals, events, time.perf_counter() - started, dict(replayer.outcomes),
+                        replayer.invalid)
+
+
+def _rollouts(paths: list[Path], limits: EvidenceLimits, workers: int) -> Iterator[tuple]:
+    tasks = []
+    for path in paths:
+        header, ranges = _chunks(path)
+        tasks += [(str(path), header, off, length, limits) for off, length in ranges]
+    if workers <= 1 or len(tasks) <= 1:
+        for task in tasks:
+            yield from _decode_chunk(task)
+        return
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(workers) as pool:
+        for chunk in pool.imap(_decode_chunk, tasks):
+            yield from chunk
+
+
+def read_topics(bootstrap: str, idle_s: float = 2.0) -> Iterator[tuple[str, dict]]:
+    """Every completed-step event, then every trajectory, from offset zero; stop when idle."""
+    from coevolve.services.broker.consumer import EventConsumer
+    from coevolve.services.broker.topics import STEPS, TRAJECTORIES
+
+    for topic in (STEPS.name, TRAJECTORIES.name):
+        consumer = EventConsumer(bootstrap, [topic], service="replay")
+        try:
+            items = consumer.drain(idle_s=idle_s)
+        finally:
+            consumer.close()
+        items.sort(key=lambda d: (d.partition, d.offset))
+        for item in items:
+            yield item.name, item.event
+
+
+def replay_topics(bootstrap: str, thresholds: Thresholds = Thresholds(),
+                  limits: EvidenceLimits = EvidenceLimits()) -> ReplayResult:
+    started = time.perf_counter()
+    replayer = Replayer(thresholds, limits)
+    events = 0
+    for name, event in read_topics(bootstrap):
+        events += name == "TrajectoryRecorded"
+        replayer.add_event(name, event)
+    signals = replayer.finish()
+    return ReplayResult(signals, events, time.perf_counter() - started, dict(replayer.outcomes),
+                        replayer.invalid)
+
+
+def write_jsonl(signals: Iterable[Signal], path: Path | str) -> int:
+    n = 0
+    with open(path, "w") as fh:
+        for s in signals:
+            fh.write(json.dumps(s.to_json(), separators=(",", ":")) + "\n")
+            n += 1
+    return n
+
+
+def publish_signals(signals: Iterable[Signal], bootstrap: str, topic: str) -> int:
+    """Send each signal as a SignalRaised event keyed by task_id, or by its pattern for rare."""
+    from coevolve.services.broker.producer import EventProducer
+
+    now = int(time.time() * 1000)
+    n = 0
+    with EventProducer(bootstrap, client_id="coevolve-replay") as producer:
+        for s in signals:
+            producer.send(topic, s.to_record(now), key=s.task_id or s.subject, record_name="SignalRaised")
+            n += 1
+    return n
+
+
+def read_signal_file(path: Path | str) -> list[dict]:
+    with open(path) as fh:
+        return list(iter_json_lines(fh))
+
+
+def read_signal_topic(bootstrap: str, topic: str, idle_s: float = 2.0) -> list[dict]:
+    """Every distinct signal on a topic, in JSON form (redeliveries of one id count once)."""
+    from coevolve.services.broker.consumer import EventConsumer
+
+    consumer = EventConsumer(bootstrap, [topic], service="replay")
+    try:
+        items = consumer.drain(idle_s=idle_s)
+    finally:
+        consumer.close()
+    seen: dict[str, dict] = {}
+    for item in items:
+        if item.name == "SignalRaised":
+            seen.setdefault(item.event["event_id"], Signal.from_record(item.event).to_json())
+    return list(seen.values())
+
+
+def report(result: ReplayResult, compare: list[dict] | None = None) -> str:
+    """The summary a user reads: counts by kind, and the diff against `compare` if given."""
+    counts = summarize(result.signals)
+    rate = result.events / result.seconds if result.seconds else 0.0
+    lines = [f"replayed {result.events} trajectory events in {result.seconds:.2f} s ({rate:,.0f}/s); "
+             + " ".join(f"{k}={v}" for k, v in result.outcomes.items()),
+             "signals: " + " ".join(f"{k}={v}" for k, v in counts.items()) + f" total={sum(counts.values())}"]
+    if compare is not None:
+        d = diff((s.to_json() for s in result.signals), compare)
+        lines.append(f"compared with {len(compare)} signals: +{len(d['added'])} -{len(d['removed'])}")
+        for kind, c in d["by_kind"].items():
+            lines.append(f"  {kind:10s} added={c['added']} removed={c['removed']} kept={c['kept']}")
+        for sign, keys in (("+", d["added"]), ("-", d["removed"])):
+            for kind, run, step, subject in keys[:20]:
+                lines.append(f"  {sign} {kind} run={run} step={step} {subject}")
+            if len(keys) > 20:
+                lines.append(f"  {sign} ... {len(keys) - 20} more")
+    return "\n".join(lines)
+
+
+def run_replay(inputs: list[Path] | None, bootstrap: str | None, window: int, success_threshold: float,
+               rare_threshold: float, pattern_length: int, output: Path | None, publish: str | None,
+               compare: str | None, workers: int = 2) -> str:
+    """The `coevolve replay` command: replay, write or publish, and return the report."""
+    thresholds = Thresholds(success_threshold, window, rare_threshold, pattern_length)
+    if publish and not bootstrap:
+        raise ValueError("--publish needs --bootstrap HOST:PORT")
+    reference = None
+    if compare is not None:
+        if Path(compare).exists():
+            reference = read_signal_file(compare)
+        elif bootstrap:
+            reference = read_signal_topic(bootstrap, compare)
+        else:
+            raise ValueError(f"--compare {compare}: no such file (for a topic, give --bootstrap)")
+    if inputs:
+        result = replay_files(inputs, thresholds, workers=workers)
+    else:
+        result = replay_topics(bootstrap, thresholds)
+    if output is not None:
+        write_jsonl(result.signals, output)
+    if publish:
+        publish_signals(result.signals, bootstrap, publish)
+    return report(result, reference)

@@ -1,0 +1,463 @@
+"""Weakness signals as pure functions over plain data: no Faust, Kafka or I/O import.
+
+Public API (used by the Faust agents in streams/app.py, by `coevolve replay`, and as the reference
+for other implementations, e.g. SQL):
+
+- `Thresholds(success_threshold=0.5, window=5, rare_threshold=5.0, pattern_length=1)`: tau, W,
+  theta (percent) and n.
+- `EvidenceLimits`: how much of each trajectory a signal carries.
+- `Signal`: one raised signal; `.id`, `.to_json()` (the JSON-lines form), `.to_record(ms)` (SignalRaised).
+- `signal_id(kind, run_id, step, subject, thresholds)`: the first 32 hex digits of
+  sha256(json.dumps([kind, run_id, step, subject, [tau, W, theta, n]], separators=(",", ":"))),
+  tau and theta as floats, W and n as ints; subject is the task_id, or the pattern joined by " > ".
+- `rollout_of(event, limits)`: a TrajectoryRecorded event to the compact `Rollout` the functions use.
+- Attempts, per (run, task): `new_task_state()`, `record_rollout(state, rollout, th)` ->
+  (outcome, signals) with outcome ACCEPTED, DUPLICATE or LATE; `close_groups(state, step, th)` closes
+  every open group at a step <= `step` (its completed-step event, or the end of the input).
+- Rare, per (run, step): `new_step_state()`, `count_rollout(state, event_id, task_id, counts, evidence,
+  limits)`, `set_trajectory_count(state, n)`, `step_complete(state)`, `close_step(state, run, step, th,
+  incomplete)` -> signals.
+- `replay_signals(events, th, limits)`: the whole log, (record name, event) pairs, to signals;
+  `Replayer` is the same, incrementally.
+
+Definitions. An attempt's score is math.fsum of its rollout scores / their count. A score s succeeds
+when s >= tau. forgetting: the attempt fails and one of the task's previous W closed attempts (those
+with a lower step, in step order, as closed when this one closes) succeeded. boundary: the group
+holds a success and a failure. rare: 0 < c_p / N < theta / 100, computed as `0 < c_p` and
+`100 * c_p < theta * N`. Order in replay: a step's completed-step record takes effect just before
+the first trajectory of its run with a higher step; the end of the input closes everything.
+"""
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+KINDS = ("forgetting", "boundary", "rare")
+ACCEPTED, DUPLICATE, LATE = "accepted", "duplicate", "late"
+KEEP_CLOSED = 16  # closed attempts remembered per task beyond W, to tell duplicates from late rollouts
+SEP = "\x1f"  # joins a pattern's names into one dict key
+
+
+class InvalidEvent(ValueError):
+    """An event that decodes but cannot be processed (e.g. a score that is not a number)."""
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    success_threshold: float = 0.5
+    window: int = 5
+    rare_threshold: float = 5.0
+    pattern_length: int = 1
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.success_threshold):
+            raise ValueError("success_threshold (tau) must be a finite number")
+        if self.window < 1:
+            raise ValueError(f"window (W) must be at least 1 (got {self.window})")
+        if not 0 <= self.rare_threshold <= 100:
+            raise ValueError(f"rare_threshold (theta) is a percentage in [0, 100] (got {self.rare_threshold})")
+        if self.pattern_length < 1:
+            raise ValueError(f"pattern_length (n) must be at least 1 (got {self.pattern_length})")
+
+    def key(self) -> list:
+        return [float(self.success_threshold), int(self.window), float(self.rare_threshold),
+                int(self.pattern_length)]
+
+    def as_record(self) -> dict:
+        tau, w, theta, n = self.key()
+        return {"success_threshold": tau, "window": w, "rare_threshold": theta, "pattern_length": n}
+
+
+@dataclass(frozen=True)
+class EvidenceLimits:
+    observation_chars: int = 200
+    arguments_chars: int = 500
+    max_actions: int = 64
+    rare_trajectories: int = 5
+
+
+def signal_id(kind: str, run_id: str, step: int, subject: str, thresholds: Thresholds) -> str:
+    text = json.dumps([kind, run_id, int(step), subject, thresholds.key()], separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+@dataclass
+class Signal:
+    kind: str
+    run_id: str
+    step: int
+    subject: str
+    thresholds: Thresholds
+    task_id: str | None = None
+    pattern: tuple = ()
+    incomplete: bool = False
+    evidence: dict = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return signal_id(self.kind, self.run_id, self.step, self.subject, self.thresholds)
+
+    def to_json(self) -> dict:
+        return {"id": self.id, "type": self.kind, "run_id": self.run_id, "step": self.step,
+                "subject": self.subject, "task_id": self.task_id, "pattern": list(self.pattern),
+                "incomplete": self.incomplete, "thresholds": self.thresholds.as_record(),
+                "evidence": self.evidence}
+
+    def to_record(self, produced_at_ms: int) -> dict:
+        ev = {"scores": [], "attempt_score": None, "previous_scores": [], "pattern_count": 0,
+              "pattern_total": 0, "task_ids": [], "trajectories": []}
+        ev.update(self.evidence)
+        return {"event_id": self.id, "kind": self.kind, "run_id": self.run_id, "step": self.step,
+                "subject": self.subject, "task_id": self.task_id, "pattern": list(self.pattern),
+                "thresholds": self.thresholds.as_record(), "incomplete": self.incomplete,
+                "evidence": ev, "produced_at": produced_at_ms}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Signal":
+        t = data["thresholds"]
+        th = Thresholds(t["success_threshold"], t["window"], t["rare_threshold"], t["pattern_length"])
+        return cls(data["type"], data["run_id"], int(data["step"]), data["subject"], th,
+                   data.get("task_id"), tuple(data.get("pattern") or ()), bool(data.get("incomplete")),
+                   data.get("evidence") or {})
+
+    @classmethod
+    def from_record(cls, rec: dict) -> "Signal":
+        return cls.from_json({**rec, "type": rec["kind"]})
+
+
+# A rollout, compact: (event_id, run_id, step, task_id, rollout_index, group_size, score, names, evidence)
+Rollout = tuple
+
+
+def rollout_of(event: dict, limits: EvidenceLimits = EvidenceLimits()) -> Rollout:
+    """Validate a TrajectoryRecorded event and keep what the signals need; raise InvalidEvent."""
+    score = event["score"]
+    if not isinstance(score, (int, float)) or not math.isfinite(score):
+        raise InvalidEvent(f"score is not a finite number: {score!r}")
+    size = event["group_size"]
+    if size < 1:
+        raise InvalidEvent(f"group_size must be at least 1 (got {size})")
+    acts = event["actions"]
+    names = tuple(a["name"] for a in acts)
+    oc, ac = limits.observation_chars, limits.arguments_chars
+    evidence = {"event_id": event["event_id"], "task_id": event["task_id"],
+                "rollout_index": event["rollout_index"], "score": float(score),
+                "actions": [{"name": a["name"], "arguments": a["arguments"][:ac],
+                             "observation": a["observation"][:oc]} for a in acts[:limits.max_actions]]}
+    return (event["event_id"], event["run_id"], event["step"], event["task_id"], event["rollout_index"],
+            size, float(score), names, evidence)
+
+
+def patterns_of(names, n: int) -> dict[str, int]:
+    """Occurrences of each run of n consecutive names; a trajectory shorter than n has none."""
+    counts: dict[str, int] = {}
+    if n == 1:
+        for name in names:
+            counts[name] = counts.get(name, 0) + 1
+    else:
+        for i in range(len(names) - n + 1):
+            key = SEP.join(names[i:i + n])
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+# ---- attempts: forgetting and boundary, per (run, task) ----
+
+def new_task_state() -> dict:
+    """open: step (str) -> [group_size, [rollout, ...]]; closed: [[step, score, [event ids]], ...]
+    sorted by step; horizon: the highest step forgotten from `closed`."""
+    return {"open": {}, "closed": [], "horizon": None}
+
+
+def record_rollout(state: dict, r: Rollout, th: Thresholds) -> tuple[str, list[Signal]]:
+    """Add one rollout to its group; close the group when it holds group_size distinct rollouts."""
+    key = str(r[2])
+    group = state["open"].get(key)
+    if group is None:
+        step = r[2]
+        for c_step, _score, ids in state["closed"]:
+            if c_step == step:
+                return (DUPLICATE if r[0] in ids else LATE), []
+        horizon = state["horizon"]
+        if horizon is not None and step <= horizon:
+            return LATE, []
+        group = state["open"][key] = [r[5], []]
+    rollouts = group[1]
+    eid = r[0]
+    for other in rollouts:
+        if other[0] == eid:
+            return DUPLICATE, []
+    rollouts.append(r)
+    if len(rollouts) >= group[0]:
+        return ACCEPTED, _close(state, key, th)
+    return ACCEPTED, []
+
+
+def close_groups(state: dict, step: int, th: Thresholds) -> list[Signal]:
+    """Close every open group at a step <= `step`, lowest step first, with what it has."""
+    keys = sorted((k for k in state["open"] if int(k) <= step), key=int)
+    out: list[Signal] = []
+    for key in keys:
+        out += _close(state, key, th)
+    return out
+
+
+def _close(state: dict, key: str, th: Thresholds) -> list[Signal]:
+    _size, rollouts = state["open"].pop(key)
+    rollouts = sorted(rollouts, key=lambda r: (r[4], r[0]))
+    r0 = rollouts[0]
+    run_id, step, task_id = r0[1], r0[2], r0[3]
+    scores = [r[6] for r in rollouts]
+    score = math.fsum(scores) / len(scores)
+    tau = th.success_threshold
+    closed = state["closed"]
+    steps = [c[0] for c in closed]
+    at = bisect.bisect_left(steps, step)
+    previous = [c[1] for c in closed[max(0, at - th.window):at]]
+    out = []
+    evidence = None
+    if score < tau and any(p >= tau for p in previous):
+        evidence = _attempt_evidence(rollouts, scores, score, previous)
+        out.append(Signal("forgetting", run_id, step, task_id, th, task_id=task_id, evidence=evidence))
+    if any(s >= tau for s in scores) and any(s < tau for s in scores):
+        evidence = evidence or _attempt_evidence(rollouts, scores, score, previous)
+        out.append(Signal("boundary", run_id, step, task_id, th, task_id=task_id, evidence=evidence))
+    closed.insert(at, [step, score, [r[0] for r in rollouts]])
+    keep = max(th.window, KEEP_CLOSED)
+    if len(closed) > keep:
+        dropped = closed[: len(closed) - keep]
+        del closed[: len(closed) - keep]
+        top = dropped[-1][0]
+        state["horizon"] = top if state["horizon"] is None else max(state["horizon"], top)
+    return out
+
+
+def _attempt_evidence(rollouts, scores, score, previous) -> dict:
+    return {"scores": scores, "attempt_score": score, "previous_scores": previous,
+            "trajectories": [r[8] for r in rollouts]}
+
+
+# ---- rare: per (run, step) ----
+
+def new_step_state() -> dict:
+    """expected: the step's trajectory_count (None until its completed-step event); seen: event ids
+    counted; counts: pattern -> c_p; total: N; tasks: pattern -> {task_id: 1}; evidence: pattern ->
+    [[event_id, trajectory], ...], the smallest event ids first; closed: done."""
+    return {"expected": None, "seen": {}, "counts": {}, "total": 0, "tasks": {}, "evidence": {},
+            "closed": False}
+
+
+def count_rollout(state: dict, event_id: str, task_id: str, counts: dict, evidence: dict | None,
+                  limits: EvidenceLimits) -> bool:
+    """Count one trajectory's patterns once (by event id); return whether it was new."""
+    seen = state["seen"]
+    if state["closed"] or event_id in seen:
+        return False
+    seen[event_id] = 1
+    totals, tasks, evs = state["counts"], state["tasks"], state["evidence"]
+    keep = limits.rare_trajectories
+    n = 0
+    for p, c in counts.items():
+        n += c
+        totals[p] = totals.get(p, 0) + c
+        t = tasks.get(p)
+        if t is None:
+            tasks[p] = {task_id: 1}
+            evs[p] = [[event_id, evidence]] if keep > 0 else []
+            continue
+        t[task_id] = 1
+        ev = evs[p]
+        if len(ev) < keep or (keep > 0 and event_id < ev[-1][0]):
+            bisect.insort(ev, [event_id, evidence], key=lambda e: e[0])
+            del ev[keep:]
+    state["total"] += n
+    return True
+
+
+def wants_evidence(state: dict, event_id: str, counts: dict, limits: EvidenceLimits) -> bool:
+    """Whether a trajectory could enter some pattern's evidence (so its evidence must be sent)."""
+    evs = state["evidence"]
+    for p in counts:
+        ev = evs.get(p)
+        if ev is None or len(ev) < limits.rare_trajectories or event_id < ev[-1][0]:
+            return True
+    return False
+
+
+def set_trajectory_count(state: dict, count: int) -> None:
+    state["expected"] = count
+
+
+def step_complete(state: dict) -> bool:
+    return state["expected"] is not None and len(state["seen"]) >= state["expected"]
+
+
+def close_step(state: dict, run_id: str, step: int, th: Thresholds, incomplete: bool) -> list[Signal]:
+    """Raise rare for every pattern with 0 < c_p / N < theta / 100; mark the step closed."""
+    state["closed"] = True
+    total = state["total"]
+    out = []
+    limit = th.rare_threshold * total
+    for p in sorted(state["counts"]):
+        c = state["counts"][p]
+        if 0 < c and 100 * c < limit:
+            pattern = tuple(p.split(SEP))
+            out.append(Signal("rare", run_id, step, " > ".join(pattern), th, pattern=pattern,
+                              incomplete=incomplete, evidence={
+                                  "pattern_count": c, "pattern_total": total,
+                                  "task_ids": sorted(state["tasks"][p]),
+                                  "trajectories": [e[1] for e in state["evidence"][p]]}))
+    for name in ("seen", "counts", "tasks", "evidence"):
+        state[name] = {}
+    return out
+
+
+# ---- the whole log ----
+
+class Replayer:
+    """Feed (record name, event) pairs in log order; `finish()` closes everything left open.
+
+    Trajectory events may also be fed already compacted by `rollout_of` via `add_rollout`.
+    Invalid events are counted per reason in `rejected`, late ones in `late`; neither raises.
+    """
+
+    def __init__(self, thresholds: Thresholds = Thresholds(), limits: EvidenceLimits = EvidenceLimits()):
+        self.th = thresholds
+        self.limits = limits
+        self.tasks: dict[tuple[str, str], dict] = {}
+        self.steps: dict[tuple[str, int], dict] = {}
+        self.open_by_step: dict[tuple[str, int], set] = {}
+        self.pending: dict[str, list[tuple[int, int]]] = {}  # run -> sorted (step, count), not yet applied
+        self.signals: list[Signal] = []
+        self.outcomes = {ACCEPTED: 0, DUPLICATE: 0, LATE: 0, "invalid": 0}
+        self.invalid: list[tuple[str, str]] = []
+
+    def add_step(self, event: dict) -> None:
+        bisect.insort(self.pending.setdefault(event["run_id"], []), (event["step"], event["trajectory_count"]))
+
+    def add_event(self, name: str, event: dict) -> None:
+        if name == "TrajectoryRecorded":
+            try:
+                r = rollout_of(event, self.limits)
+            except (InvalidEvent, KeyError, TypeError) as exc:
+                self.outcomes["invalid"] += 1
+                self.invalid.append((str(event.get("event_id")), str(exc)))
+                return
+            self.add_rollout(r)
+        elif name == "StepCompleted":
+            self.add_step(event)
+
+    def add_rollout(self, r: Rollout) -> str:
+        run_id, step = r[1], r[2]
+        pending = self.pending.get(run_id)
+        if pending and pending[0][0] < step:
+            self._apply_steps(run_id, step)
+        tkey = (run_id, r[3])
+        state = self.tasks.get(tkey)
+        if state is None:
+            state = self.tasks[tkey] = new_task_state()
+        was_open = str(step) in state["open"]
+        outcome, signals = record_rollout(state, r, self.th)
+        self.outcomes[outcome] += 1
+        if outcome != ACCEPTED:
+            return outcome
+        skey = (run_id, step)
+        if signals:
+            self.signals += signals
+            self.open_by_step.get(skey, set()).discard(r[3])
+        elif not was_open:
+            self.open_by_step.setdefault(skey, set()).add(r[3])
+        sstate = self.steps.get(skey)
+        if sstate is None:
+            sstate = self.steps[skey] = new_step_state()
+        if not sstate["closed"]:
+            count_rollout(sstate, r[0], r[3], patterns_of(r[7], self.th.pattern_length), r[8], self.limits)
+            if step_complete(sstate):
+                self.signals += close_step(sstate, run_id, step, self.th, False)
+        return outcome
+
+    def _apply_steps(self, run_id: str, below: int) -> None:
+        """Apply the completed-step records of `run_id` with step < `below`, in step order."""
+        pending = self.pending.get(run_id) or []
+        while pending and pending[0][0] < below:
+            step, count = pending.pop(0)
+            self._complete_step(run_id, step, count)
+
+    def _complete_step(self, run_id: str, step: int, count: int | None) -> None:
+        for skey in sorted(k for k in self.open_by_step if k[0] == run_id and k[1] <= step):
+            for task_id in sorted(self.open_by_step.pop(skey)):
+                self.signals += close_groups(self.tasks[(run_id, task_id)], step, self.th)
+        sstate = self.steps.get((run_id, step))
+        if sstate is None:
+            sstate = self.steps[(run_id, step)] = new_step_state()
+        if count is not None and not sstate["closed"]:
+            set_trajectory_count(sstate, count)
+            if step_complete(sstate):
+                self.signals += close_step(sstate, run_id, step, self.th, False)
+
+    def finish(self) -> list[Signal]:
+        """Apply the remaining completed-step records, then close every open group and step."""
+        for run_id in sorted(self.pending):
+            self._apply_steps(run_id, 2**63 - 1)
+        for (run_id, task_id), state in sorted(self.tasks.items()):
+            if state["open"]:
+                self.signals += close_groups(state, 2**63 - 1, self.th)
+        self.open_by_step.clear()
+        for (run_id, step), sstate in sorted(self.steps.items()):
+            if not sstate["closed"]:
+                self.signals += close_step(sstate, run_id, step, self.th, not step_complete(sstate))
+        return self.signals
+
+
+def replay_signals(events: Iterable[tuple[str, dict]], thresholds: Thresholds = Thresholds(),
+                   limits: EvidenceLimits = EvidenceLimits()) -> list[Signal]:
+    """Every signal of a log, given as (record name, event) pairs, trajectories in log order.
+
+    Completed-step records are taken first, wherever they sit in `events`, as `coevolve replay` does
+    with its files and topics."""
+    replayer = Replayer(thresholds, limits)
+    trajectories = []
+    for name, event in events:
+        if name == "StepCompleted":
+            replayer.add_step(event)
+        elif name == "TrajectoryRecorded":
+            trajectories.append(event)
+    for event in trajectories:
+        replayer.add_event("TrajectoryRecorded", event)
+    return replayer.finish()
+
+
+def summarize(signals: Iterable[Signal]) -> dict[str, int]:
+    counts = {k: 0 for k in KINDS}
+    for s in signals:
+        counts[s.kind] += 1
+    return counts
+
+
+def diff(new: Iterable[dict], old: Iterable[dict]) -> dict:
+    """Compare two signal sets (JSON forms) by kind, run, step and subject, ignoring thresholds."""
+    def index(items: Iterable[dict]) -> dict:
+        return {(s["type"], s["run_id"], s["step"], s["subject"]): s for s in items}
+
+    a, b = index(new), index(old)
+    added = sorted(a.keys() - b.keys())
+    removed = sorted(b.keys() - a.keys())
+    by_kind = {k: {"added": 0, "removed": 0, "kept": 0} for k in KINDS}
+    for key in added:
+        by_kind[key[0]]["added"] += 1
+    for key in removed:
+        by_kind[key[0]]["removed"] += 1
+    for key in a.keys() & b.keys():
+        by_kind[key[0]]["kept"] += 1
+    return {"added": added, "removed": removed, "by_kind": by_kind}
+
+
+def iter_json_lines(lines: Iterable[str]) -> Iterator[dict]:
+    for line in lines:
+        line = line.strip()
+        if line:
+            yield json.loads(line)
