@@ -171,6 +171,53 @@ def replay(
         raise typer.BadParameter(str(exc)) from None
 
 
+env_app = typer.Typer(help="Environments: score call sequences, show tasks.", no_args_is_help=True)
+app.add_typer(env_app, name="env")
+EnvOpt = typer.Option("bfcl", "--env", help="Environment (today: bfcl).")
+
+
+@env_app.command("score")
+def env_score(
+    env: str = EnvOpt,
+    task_id: Optional[str] = typer.Option(None, "--task-id", help="Task to score, e.g. multi_turn_base_0."),
+    calls: Optional[Path] = typer.Option(None, help="JSON list of turns, each a list of call strings."),
+    batch: Optional[Path] = typer.Option(None, help='JSON lines {"task_id", "calls"} to score in order.'),
+    output: Optional[Path] = typer.Option(None, help="With --batch: write results here, not to stdout."),
+) -> None:
+    """Score call sequences against a task's reference, as BFCL's multi-turn checker would."""
+    import json
+
+    from coevolve.services.envs.commands import CommandError, score_batch, score_one
+
+    try:
+        if batch is not None and task_id is None and calls is None:
+            if output is None:
+                score_batch(env, batch, sys.stdout)
+            else:
+                with output.open("w", encoding="utf-8") as out:
+                    score_batch(env, batch, out)
+        elif batch is None and task_id is not None and calls is not None:
+            print(json.dumps(score_one(env, task_id, calls)))
+        else:
+            raise CommandError("give --task-id ID --calls FILE, or --batch IN.jsonl [--output OUT.jsonl]")
+    except CommandError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+@env_app.command("show")
+def env_show(env: str = EnvOpt, task_id: str = typer.Option(..., "--task-id", help="Task to show."),
+             as_json: bool = typer.Option(False, "--json", help="Print the task as one JSON object.")) -> None:
+    """Print a task: its turns, tools, initial state and reference calls."""
+    import json
+
+    from coevolve.services.envs.commands import CommandError, describe, describe_json
+
+    try:
+        print(json.dumps(describe_json(env, task_id)) if as_json else describe(env, task_id))
+    except CommandError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
 def main() -> None:
     try:
         app()
