@@ -133,18 +133,23 @@ def tool_schema(doc: dict[str, Any]) -> dict[str, Any]:
                                              "parameters": _json_schema(doc["parameters"])}}
 
 
+@lru_cache(maxsize=None)
+def _class_tools(class_name: str) -> tuple[dict[str, Any], ...]:
+    return tuple(tool_schema(doc) for doc in function_docs(class_name))
+
+
 def tools_at(task: Task, turn: int) -> list[dict[str, Any]]:
     """The tools offered at `turn`: every function of the involved classes, minus those withheld
-    until a later turn."""
+    until a later turn. The schemas are shared between episodes: treat them as read-only."""
     withheld = {name for t, names in task.added_tools.items() if t > turn for name in names}
-    return [tool_schema(doc) for cls in task.involved_classes for doc in function_docs(cls)
-            if doc["name"] not in withheld]
+    return [tool for cls in task.involved_classes for tool in _class_tools(cls)
+            if tool["function"]["name"] not in withheld]
 
 
 def tools_added_at(task: Task, turn: int) -> list[dict[str, Any]]:
     names = set(task.added_tools.get(turn, ()))
-    return [tool_schema(doc) for cls in task.involved_classes for doc in function_docs(cls)
-            if doc["name"] in names]
+    return [tool for cls in task.involved_classes for tool in _class_tools(cls)
+            if tool["function"]["name"] in names]
 
 
 def system_prompt(tools: list[dict[str, Any]]) -> str:
