@@ -84,14 +84,14 @@ class SchemaRegistry:
 
     def _register(self, path: Path) -> WriterSchema:
         raw = json.loads(path.read_text())
-        schema = WriterSchema(_full_name(raw), schema_fingerprint(raw), parse_schema(raw, _write_hint=False))
+        schema = WriterSchema(_full_name(raw), schema_fingerprint(raw), parse_schema(raw))
         self.writers.setdefault(schema.fingerprint, schema)
         return schema
 
     def add_writer(self, schema_json: dict) -> int:
         """Register an extra writer schema (e.g. from another release); return its fingerprint."""
         schema = WriterSchema(_full_name(schema_json), schema_fingerprint(schema_json),
-                              parse_schema(schema_json, _write_hint=False))
+                              parse_schema(schema_json))
         self.writers[schema.fingerprint] = schema
         return schema.fingerprint
 
