@@ -70,6 +70,7 @@ _CALL_START = re.compile(r"^\[?\s*\(?\s*[A-Za-z_][\w.]*\s*\(")
 _TOOL_CALL_TAG = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _BFCL_TAG = re.compile(r"<TOOLCALL>(.*?)</TOOLCALL>", re.DOTALL)
 _FENCE = re.compile(r"^```[a-zA-Z]*\s*\n?(.*?)\n?```$", re.DOTALL)
+_THINKING = re.compile(r"<think>.*?</think>", re.DOTALL)
 
 
 def _snippet(text: str, limit: int = 120) -> str:
@@ -168,11 +169,15 @@ def _python_calls(text: str, budget: _Budget) -> tuple[Call | Rejected, ...]:
 def _check_json_value(value: Any, budget: _Budget, depth: int) -> None:
     budget.spend(depth)
     if isinstance(value, dict):
-        for v in value.values():
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise _Invalid("object keys must be strings")
             _check_json_value(v, budget, depth + 1)
-    elif isinstance(value, list):
+    elif isinstance(value, (list, tuple)):
         for v in value:
             _check_json_value(v, budget, depth + 1)
+    elif not (value is None or isinstance(value, (str, int, float, bool))):
+        raise _Invalid(f"{type(value).__name__} is not a JSON value")
 
 
 def _json_call(obj: Any, budget: _Budget) -> Call | Rejected:
@@ -224,6 +229,7 @@ def _parse_text(text: str, budget: _Budget) -> Action:
     if len(text) > limit:
         return Action((Rejected(_snippet(text), f"the output is {len(text)} characters, over the "
                                                 f"limit of {limit}"),))
+    text = _THINKING.sub("", text)
     blocks = _TOOL_CALL_TAG.findall(text)
     if blocks:
         calls: list[Call | Rejected] = []

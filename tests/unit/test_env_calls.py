@@ -24,6 +24,8 @@ def test_single_call_without_brackets_and_tagged_forms():
     assert only_calls("ls(a=True)") == (Call("ls", (), {"a": True}),)
     assert only_calls("<TOOLCALL>[pwd()]</TOOLCALL>") == (Call("pwd"),)
     assert only_calls("```python\n[pwd()]\n```") == (Call("pwd"),)
+    assert only_calls("<think>The user wants ls(). Call it.</think>\n[ls()]") == (Call("ls"),)
+    assert parse_action("<think>maybe ls()</think>All done.").ends_turn
 
 
 @pytest.mark.parametrize("text", [
@@ -109,6 +111,8 @@ def test_a_list_of_single_calls_from_the_scorer():
     assert calls[:2] == (Call("cd", (), {"folder": "a"}), Call("ls"))
     assert all(isinstance(c, Rejected) and "exactly one" in c.reason for c in calls[2:])
     assert parse_action([]).ends_turn
+    odd = parse_action([{"name": "ls", "arguments": {"a": object()}}, {"name": "ls", "arguments": {"a": {1: 2}}}])
+    assert all(isinstance(c, Rejected) for c in odd.calls)
 
 
 def test_render_round_trips_through_the_parser():
