@@ -144,6 +144,39 @@ def archiver(
     print(f"archived {service.run()} events into {cfg.url}", flush=True)
 
 
+streams_app = typer.Typer(help="The Faust stream processors that raise weakness signals.", no_args_is_help=True)
+app.add_typer(streams_app, name="streams")
+
+
+@streams_app.command("worker")
+def streams_worker(
+    bootstrap: Optional[str] = BootstrapOpt,
+    app_id: Optional[str] = typer.Option(None, help="Faust app id (consumer group, table prefix)."),
+    web_port: Optional[int] = typer.Option(None, help="Port of /health and /metrics; 0 disables the web server."),
+    datadir: Optional[Path] = typer.Option(None, help="Faust's data directory."),
+    window: Optional[int] = typer.Option(None, help="W."),
+    success_threshold: Optional[float] = typer.Option(None, help="tau."),
+    rare_threshold: Optional[float] = typer.Option(None, help="theta, percent."),
+    pattern_length: Optional[int] = typer.Option(None, help="n."),
+    grace_s: Optional[float] = typer.Option(None, help="Seconds before an unfinished step closes, incomplete."),
+) -> None:
+    """Run one signal-processor worker (start any number; they share the partitions by task)."""
+    from coevolve.services.config import ConfigError, load
+    from coevolve.streams.config import StreamsConfig
+    from coevolve.streams.worker import run_worker
+
+    overrides = dict(kafka_bootstrap=bootstrap, app_id=app_id, datadir=datadir, window=window,
+                     success_threshold=success_threshold, rare_threshold=rare_threshold,
+                     pattern_length=pattern_length, grace_s=grace_s)
+    if web_port is not None:
+        overrides.update(web_port=web_port or 6066, web_enabled=web_port != 0)
+    try:
+        cfg = load(StreamsConfig, "streams", overrides)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    run_worker(cfg)
+
+
 @app.command()
 def replay(
     input: Optional[list[Path]] = typer.Option(None, "--input", help="Avro log file(s): trajectories and "

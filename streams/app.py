@@ -1,0 +1,266 @@
+"""The Faust app: agents read a table, call the pure functions of signals.py, write back, emit.
+
+Topics (internal ones are prefixed by the app id and co-partitioned with the trajectories topic):
+- `coevolve.trajectories` and `<app>-step-markers` -> `raise_attempt_signals`, table `task_to_attempts`
+  (task_id -> {"p": partition, "runs": {run_id: task state}}): groups, forgetting, boundary.
+- `coevolve.steps` -> `forward_steps`: for each completed step, a marker to every trajectories
+  partition, carrying that partition's end offset (the marker takes effect once every trajectory
+  published before the step event is processed), and the step's trajectory count to the counts topic.
+- `<app>-step-counts`, keyed by step (the group_by of pattern counts) -> `raise_rare_signals`, table
+  `step_to_counts` ("run_id\\x1fstep" -> step state): rare, closed by count or by the grace period.
+Every send of a batch is confirmed before its table writes, so a killed worker re-emits (same ids)
+rather than loses. Undecodable or invalid input goes to `coevolve.deadletter` with its reason.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import weakref
+from collections import defaultdict
+
+import faust
+from faust.streams import _current_event  # the event whose partition a table write goes to
+from faust.types import EventT
+
+from coevolve.schemas import DecodeError, default_registry
+from coevolve.services.broker.consumer import dead_letter
+from coevolve.services.broker.settings import FAUST_GROUP_TIMEOUTS_S
+from coevolve.services.broker.topics import DEADLETTER, SIGNALS, STEPS, TRAJECTORIES, Topic
+from coevolve.streams import signals as sig
+from coevolve.streams.config import StreamsConfig
+from coevolve.streams.metrics import Metrics
+
+PARTITIONS = TRAJECTORIES.partitions
+SERVICE = "streams"
+
+
+def internal_topics(app_id: str) -> dict[str, Topic]:
+    """The app's own topics, co-partitioned with coevolve.trajectories."""
+    return {"markers": Topic(f"{app_id}-step-markers", "json", "partition", PARTITIONS),
+            "counts": Topic(f"{app_id}-step-counts", "json", "run_id and step", PARTITIONS)}
+
+
+def step_key(run_id: str, step: int) -> str:
+    return f"{run_id}{sig.SEP}{step}"
+
+
+def build_app(cfg: StreamsConfig, metrics: Metrics) -> faust.App:
+    th, limits = cfg.thresholds(), cfg.limits()
+    registry = default_registry()
+    app = faust.App(
+        cfg.app_id, broker=f"kafka://{cfg.kafka_bootstrap}", store="memory://", datadir=str(cfg.datadir),
+        web_enabled=cfg.web_enabled, web_port=cfg.web_port, web_bind="127.0.0.1", web_host="127.0.0.1",
+        topic_partitions=PARTITIONS, table_standby_replicas=0, consumer_auto_offset_reset="earliest",
+        producer_acks=-1, topic_allow_declare=False, stream_buffer_maxsize=4 * cfg.batch_size,
+        **FAUST_GROUP_TIMEOUTS_S)
+    raw = dict(key_serializer="raw", value_serializer="raw")
+    names = internal_topics(cfg.app_id)
+    markers_name, counts_name = names["markers"].name, names["counts"].name
+    trajectories_in = app.topic(TRAJECTORIES.name, markers_name, **raw)
+    steps_in = app.topic(STEPS.name, **raw)
+    markers = app.topic(markers_name, **raw)
+    counts = app.topic(counts_name, **raw)
+    signals_out = app.topic(SIGNALS.name, **raw)
+    deadletters = app.topic(DEADLETTER.name, **raw)
+    as_json = faust.Schema(key_type=str, key_serializer="json", value_serializer="json")
+    task_to_attempts = app.Table("task_to_attempts", partitions=PARTITIONS, schema=as_json)
+    step_to_counts = app.Table("step_to_counts", partitions=PARTITIONS, schema=as_json)
+
+    async def send_all(sends: list) -> None:
+        """Send, then wait until the broker has confirmed every message."""
+        futures = [await topic.send(key=key, value=value, partition=part, force=True)
+                   for topic, key, value, part in sends]
+        if futures:
+            await asyncio.gather(*futures)
+
+    def reject(sends: list, ev: EventT, error_type: str, reason: str) -> None:
+        msg = ev.message
+        metrics.dead_lettered.labels(error_type).inc()
+        record = dead_letter(msg.topic, msg.partition, msg.offset, msg.key, ev.value or b"", error_type,
+                             reason, SERVICE)
+        sends.append((deadletters, msg.topic.encode(), registry.encode("DeadLettered", record), None))
+
+    def emit(sends: list, signals: list[sig.Signal], now_ms: int) -> None:
+        for s in signals:
+            metrics.raised.labels(s.kind).inc()
+            key = (s.task_id or s.subject).encode()
+            sends.append((signals_out, key, registry.encode("SignalRaised", s.to_record(now_ms)), None))
+
+    def write(table, writes: dict) -> None:
+        """Write each key once, under an event of its partition (Faust picks the changelog partition
+        from the current event, and a batch mixes partitions)."""
+        for key, (ev, value) in writes.items():
+            token = _current_event.set(weakref.ref(ev))
+            try:
+                table[key] = value
+            finally:
+                _current_event.reset(token)
+
+    @app.agent(trajectories_in)
+    async def raise_attempt_signals(stream):
+        pending: dict[int, list[dict]] = defaultdict(list)  # partition -> markers not yet applied
+        position: dict[int, int] = {}  # partition -> next trajectory offset to process
+        async for events in stream.take_events(cfg.batch_size, cfg.batch_within_s):
+            started = time.perf_counter()
+            now_ms = int(time.time() * 1000)
+            sends: list = []
+            writes: dict[str, tuple] = {}
+            contributions: dict[tuple, list] = defaultdict(list)
+            raised: list[sig.Signal] = []
+
+            def state_of(task_id: str, ev: EventT) -> dict:
+                if task_id not in writes:
+                    writes[task_id] = (ev, task_to_attempts.get(task_id) or {"p": ev.message.partition, "runs": {}})
+                else:
+                    writes[task_id] = (ev, writes[task_id][1])
+                return writes[task_id][1]
+
+            def apply_markers(p: int, ev: EventT) -> None:
+                due = [m for m in pending[p] if m["end"] <= position.get(p, -1)]
+                if not due:
+                    return
+                pending[p] = [m for m in pending[p] if m["end"] > position.get(p, -1)]
+                local = {k: v for k, v in task_to_attempts.items() if v.get("p") == p}
+                local.update({k: v for k, (e, v) in writes.items() if v.get("p") == p})
+                for m in sorted(due, key=lambda m: m["step"]):
+                    for task_id in sorted(local):
+                        tstate = local[task_id]["runs"].get(m["run_id"])
+                        if tstate and any(int(k) <= m["step"] for k in tstate["open"]):
+                            raised.extend(sig.close_groups(state_of(task_id, ev)["runs"][m["run_id"]],
+                                                           m["step"], th))
+
+            last_by_partition: dict[int, EventT] = {}
+            for ev in events:
+                msg = ev.message
+                p = msg.partition
+                last_by_partition[p] = ev
+                if msg.topic == markers_name:
+                    try:
+                        pending[p].append(json.loads(ev.value))
+                    except (TypeError, ValueError) as exc:
+                        reject(sends, ev, "malformed", f"step marker is not JSON: {exc}")
+                    apply_markers(p, ev)
+                    continue
+                position[p] = msg.offset  # every offset below this one is processed
+                if pending[p]:
+                    apply_markers(p, ev)
+                position[p] = msg.offset + 1
+                try:
+                    name, event = registry.decode(ev.value, msg.topic, p, msg.offset)
+                    if name != "TrajectoryRecorded":
+                        raise sig.InvalidEvent(f"expected TrajectoryRecorded, got {name}")
+                    r = sig.rollout_of(event, limits)
+                except DecodeError as err:
+                    reject(sends, ev, err.error_type, str(err))
+                    continue
+                except (sig.InvalidEvent, KeyError, TypeError) as exc:
+                    reject(sends, ev, "invalid", str(exc))
+                    continue
+                tstate = state_of(r[3], ev)["runs"].setdefault(r[1], sig.new_task_state())
+                outcome, found = sig.record_rollout(tstate, r, th)
+                metrics.trajectories.labels(outcome).inc()
+                if outcome == sig.LATE:
+                    reject(sends, ev, "late", f"group (run {r[1]}, task {r[3]}, step {r[2]}) already closed")
+                elif outcome == sig.ACCEPTED:
+                    raised.extend(found)
+                    contributions[(r[1], r[2])].append(r)
+            for p, ev in last_by_partition.items():
+                apply_markers(p, ev)
+            emit(sends, raised, now_ms)
+            for (run_id, step), rollouts in contributions.items():
+                key = step_key(run_id, step)
+                items = [[r[0], r[3], sig.patterns_of(r[7], th.pattern_length)] for r in rollouts]
+                evidence = {r[0]: r[8] for r in rollouts}
+                body = json.dumps({"kind": "counts", "run_id": run_id, "step": step, "items": items,
+                                   "evidence": evidence}, separators=(",", ":")).encode()
+                sends.append((counts, key.encode(), body, None))
+            await send_all(sends)
+            write(task_to_attempts, writes)
+            metrics.batch_seconds.labels("attempts").observe(time.perf_counter() - started)
+
+    @app.agent(steps_in)
+    async def forward_steps(stream):
+        async for events in stream.take_events(cfg.batch_size, cfg.batch_within_s):
+            sends: list = []
+            completed = []
+            for ev in events:
+                msg = ev.message
+                try:
+                    name, event = registry.decode(ev.value, msg.topic, msg.partition, msg.offset)
+                    if name != "StepCompleted":
+                        raise sig.InvalidEvent(f"expected StepCompleted, got {name}")
+                    completed.append((event["run_id"], int(event["step"]), int(event["trajectory_count"])))
+                except DecodeError as err:
+                    reject(sends, ev, err.error_type, str(err))
+                except (sig.InvalidEvent, KeyError, TypeError, ValueError) as exc:
+                    reject(sends, ev, "invalid", str(exc))
+            if completed:
+                tps = [faust.types.TP(TRAJECTORIES.name, p) for p in range(PARTITIONS)]
+                ends = await app.consumer.highwaters(*tps)
+                for run_id, step, count in completed:
+                    for tp in tps:
+                        body = json.dumps({"run_id": run_id, "step": step, "end": ends[tp]}).encode()
+                        sends.append((markers, run_id.encode(), body, tp.partition))
+                    body = json.dumps({"kind": "completed", "run_id": run_id, "step": step, "count": count})
+                    sends.append((counts, step_key(run_id, step).encode(), body.encode(), None))
+            await send_all(sends)
+
+    @app.agent(counts)
+    async def raise_rare_signals(stream):
+        async for events in stream.take_events(cfg.batch_size, cfg.batch_within_s):
+            started = time.perf_counter()
+            now = time.time()
+            sends: list = []
+            writes: dict[str, tuple] = {}
+            raised: list[sig.Signal] = []
+            for ev in events:
+                p = ev.message.partition
+                try:
+                    body = json.loads(ev.value)
+                    kind = body["kind"]
+                except (TypeError, ValueError, KeyError) as exc:
+                    reject(sends, ev, "malformed", f"step count message is not JSON: {exc}")
+                    continue
+                if kind == "tick":
+                    for key, state in list(step_to_counts.items()) + [(k, v) for k, (e, v) in writes.items()]:
+                        if state["p"] == p and not state["closed"] and now - state["touched"] > cfg.grace_s:
+                            writes[key] = (ev, state)
+                            raised.extend(sig.close_step(state, state["run_id"], state["step"], th, True))
+                    continue
+                key = step_key(body["run_id"], body["step"])
+                state = writes[key][1] if key in writes else step_to_counts.get(key)
+                if state is None:
+                    state = {**sig.new_step_state(), "p": p, "run_id": body["run_id"], "step": body["step"]}
+                writes[key] = (ev, state)
+                if state["closed"]:
+                    continue
+                state["touched"] = now
+                if kind == "completed":
+                    sig.set_trajectory_count(state, body["count"])
+                else:
+                    evidence = body["evidence"]
+                    for event_id, task_id, pattern_counts in body["items"]:
+                        sig.count_rollout(state, event_id, task_id, pattern_counts, evidence[event_id], limits)
+                if sig.step_complete(state):
+                    raised.extend(sig.close_step(state, body["run_id"], body["step"], th, False))
+            emit(sends, raised, int(now * 1000))
+            await send_all(sends)
+            write(step_to_counts, writes)
+            metrics.batch_seconds.labels("rare").observe(time.perf_counter() - started)
+
+    @app.timer(cfg.tick_s)
+    async def tick():
+        tick_body = b'{"kind":"tick"}'
+        await send_all([(counts, b"tick", tick_body, p) for p in range(PARTITIONS)])
+
+    @app.page("/health")
+    async def health(web, request):
+        return web.json({"status": "ok", "app_id": cfg.app_id})
+
+    @app.page("/metrics")
+    async def prometheus(web, request):
+        body, _content_type = metrics.exposition()
+        return web.text(body.decode(), content_type="text/plain")  # aiohttp refuses a charset here
+
+    return app

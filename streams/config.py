@@ -1,0 +1,46 @@
+"""Configuration of the signal stream processors (`coevolve streams worker`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from coevolve.services.config import ConfigError, doc
+from coevolve.streams.signals import EvidenceLimits, Thresholds
+
+
+@dataclass(frozen=True)
+class StreamsConfig:
+    kafka_bootstrap: str = doc("127.0.0.1:9092", "Kafka bootstrap address HOST:PORT.")
+    app_id: str = doc("coevolve-signals", "Faust app id: consumer group and prefix of internal topics and tables.")
+    success_threshold: float = doc(0.5, "tau: a score succeeds at >= tau.")
+    window: int = doc(5, "W: previous attempts forgetting looks back on.")
+    rare_threshold: float = doc(5.0, "theta, percent: a pattern is rare when 0 < c_p/N < theta/100.")
+    pattern_length: int = doc(1, "n: consecutive action names per pattern.")
+    grace_s: float = doc(30.0, "A step not complete this long after its last event closes, flagged incomplete.")
+    observation_chars: int = doc(200, "Evidence: characters kept of each observation.")
+    max_actions: int = doc(64, "Evidence: actions kept per trajectory.")
+    rare_trajectories: int = doc(5, "Evidence: trajectories kept per rare pattern (smallest event ids).")
+    batch_size: int = doc(2000, "Events an agent takes per batch; tables are written once per batch.")
+    batch_within_s: float = doc(0.1, "Longest wait to fill a batch, seconds.")
+    tick_s: float = doc(1.0, "How often the grace period is checked, seconds.")
+    web_enabled: bool = doc(True, "Serve /health and /metrics.")
+    web_port: int = doc(6066, "Port of /health and /metrics, on 127.0.0.1.")
+    datadir: Path = doc(Path(".coevolve/streams"), "Faust's data directory.")
+    log_level: str = doc("warning", "Faust's own log level.")
+
+    def __post_init__(self) -> None:
+        try:
+            self.thresholds()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if self.batch_size < 1 or self.batch_within_s <= 0:
+            raise ConfigError("batch_size must be >= 1 and batch_within_s > 0")
+        if self.grace_s <= 0 or self.tick_s <= 0:
+            raise ConfigError("grace_s and tick_s must be positive")
+
+    def thresholds(self) -> Thresholds:
+        return Thresholds(self.success_threshold, self.window, self.rare_threshold, self.pattern_length)
+
+    def limits(self) -> EvidenceLimits:
+        return EvidenceLimits(observation_chars=self.observation_chars, max_actions=self.max_actions,
+                              rare_trajectories=self.rare_trajectories)
