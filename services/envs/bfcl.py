@@ -47,7 +47,7 @@ class BfclConfig:
 
     max_steps_per_turn: int = doc(20, "Tool-calling steps allowed in one turn (BFCL's limit is 20).")
     max_steps: int = doc(100, "Tool-calling steps allowed in the whole episode.")
-    timeout_s: float = doc(60.0, "Wall-clock limit of one episode, in seconds.")
+    timeout_s: float = doc(300.0, "Wall-clock limit of one episode, agent's own time included, in seconds.")
     max_action_chars: int = doc(20_000, "Longest agent output accepted, in characters.")
     max_literal_depth: int = doc(16, "Deepest container nesting inside one call argument.")
     max_literal_nodes: int = doc(5_000, "Most literal values in one agent output.")
@@ -191,6 +191,9 @@ class BfclEnv:
         self.config = config or BfclConfig()
         self.task: Task | None = None
         self.done = True
+        self.turn = self.steps = 0
+        self.terminated: str | None = None
+        self._verdicts: list[TurnVerdict] = []
 
     def reset(self, task: Task) -> list[Message]:
         if not task.turns:
@@ -259,7 +262,7 @@ class BfclEnv:
 
     def terminate(self, reason: str, observations: list[Message] | None = None) -> StepResult:
         """End the episode now: the current turn and every later one fail with `reason`."""
-        if self.done:
+        if self.done or self.task is None:
             return self._result(observations or [])
         self.terminated = reason
         if self.task.scored:

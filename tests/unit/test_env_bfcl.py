@@ -212,6 +212,13 @@ def test_step_limits_end_the_episode_and_fail_the_remaining_turns():
     assert result.done and result.score == pytest.approx(0.5) and not result.success
 
 
+def test_stepping_without_a_running_episode_is_an_observation():
+    env = BfclEnv()
+    result = env.step("pwd()")
+    assert result.done and "call reset" in result.observations[0]["content"]
+    assert env.verdicts() == [] and env.terminate("stop").done
+
+
 def test_wall_clock_timeout_ends_the_episode():
     env = BfclEnv(BfclConfig(timeout_s=0.05))
     env.reset(task())
