@@ -324,3 +324,28 @@ def score_calls(task: Task, turns: Sequence[Sequence[str]], config: BfclConfig |
         env.terminate(f"the calls give {len(turns)} of {len(task.turns)} turns")
     return {"task_id": task.task_id, "success": env.success, "score": env.score,
             "turns": [v.to_dict() for v in env.verdicts()]}
+
+
+def reference_problems(task: Task) -> list[str]:
+    """Why a task's reference cannot stand as its solution: the task does not load, or a reference
+    call is rejected, unknown, raises, or returns an error. Empty for a sound task (all BFCL seeds)."""
+    try:
+        work = Workspace(task)
+    except InvalidTask as exc:
+        return [str(exc)]
+    if not task.turns:
+        return ["the task has no turns"]
+    if not task.reference:
+        return ["the task has no reference solution"]
+    problems = []
+    for turn, calls in enumerate(task.reference):
+        for source, call in zip(calls, _parse_reference(tuple(calls))):
+            result = work.run(call)
+            try:
+                value = json.loads(result)
+            except ValueError:
+                value = None
+            if (result.startswith(("Invalid action", "Error during execution"))
+                    or (isinstance(value, dict) and "error" in value)):
+                problems.append(f"turn {turn}: {source} -> {result[:200]}")
+    return problems

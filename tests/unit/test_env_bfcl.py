@@ -10,7 +10,7 @@ import pytest
 
 from coevolve.services.config import ConfigError
 from coevolve.services.envs import Task, bfcl_data, make_env
-from coevolve.services.envs.bfcl import BfclConfig, BfclEnv, InvalidTask, score_calls
+from coevolve.services.envs.bfcl import BfclConfig, BfclEnv, InvalidTask, reference_problems, score_calls
 from coevolve.services.envs.calls import parse_action
 
 BASE0 = "multi_turn_base_0"  # GorillaFileSystem + TwitterAPI, 4 turns
@@ -292,3 +292,17 @@ def test_held_out_split_is_fixed_half_and_half_and_shared_by_variants():
         assert bfcl_data.split_of(t.task_id.replace("miss_param", "base")) == "test"
     with pytest.raises(ValueError):
         bfcl_data.load_tasks(split="eval")
+
+
+def test_reference_problems_name_the_calls_a_synthesized_task_cannot_stand_on():
+    state = {"GorillaFileSystem": {"root": {"home": {"type": "directory", "contents": {}}}}}
+    sound = Task("syn-1", ("make a dir",), state, ("GorillaFileSystem",), (("mkdir(dir_name='a')",),))
+    assert reference_problems(sound) == []
+    bad = Task("syn-2", ("x", "y"), state, ("GorillaFileSystem",),
+               (("cat(file_name='missing.txt')", "os.system('x')"), ("post_tweet(content='hi')", "mkdir()")))
+    problems = reference_problems(bad)
+    assert [p.split(" -> ")[0] for p in problems] == [
+        "turn 0: cat(file_name='missing.txt')", "turn 0: os.system('x')",
+        "turn 1: post_tweet(content='hi')", "turn 1: mkdir()"]
+    assert reference_problems(Task("syn-3", ("x",), state, ("Nope",), (("ls()",),)))[0].startswith("unknown tool class")
+    assert reference_problems(Task("syn-4", ("x",), state, ("GorillaFileSystem",))) == ["the task has no reference solution"]

@@ -14,7 +14,7 @@ from collections import Counter
 import pytest
 
 from coevolve.services.envs import bfcl_data
-from coevolve.services.envs.bfcl import score_calls
+from coevolve.services.envs.bfcl import reference_problems, score_calls
 
 pytestmark = pytest.mark.slow
 
@@ -101,6 +101,8 @@ def test_every_ground_truth_scores_full_success(category):
         result = score_calls(task, task.reference)
         if not (result["success"] and result["score"] == 1.0):
             failures.append((task.task_id, [v for v in result["turns"] if not v["passed"]]))
+        if reference_problems(task):
+            failures.append((task.task_id, reference_problems(task)))
     assert failures == []
 
 
