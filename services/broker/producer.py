@@ -72,8 +72,11 @@ class EventProducer:
         try:
             future = self._producer.send(topic, value=payload, key=key_bytes)
         except KafkaError as exc:
-            undelivered = [p.event_id for p in self._pending if not _delivered(p.future)] + [event_id]
-            self._pending.clear()
+            undelivered = [event_id]
+            try:
+                self.flush()  # settle what was queued before, so the error lists exactly what failed
+            except DeliveryError as err:
+                undelivered = err.undelivered + undelivered
             raise DeliveryError(self.bootstrap, undelivered, f"send failed: {exc}") from exc
         self._pending.append(_Pending(event_id, future))
         if len(self._pending) >= 50_000:
@@ -117,7 +120,3 @@ class EventProducer:
             self.close()
         else:
             self._producer.close(timeout=1)
-
-
-def _delivered(future) -> bool:
-    return future.is_done and future.succeeded()

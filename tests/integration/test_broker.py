@@ -154,3 +154,20 @@ def test_coevolve_broker_by_hand_serves_kafka_python_and_stops_on_sigterm():
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=10)
     assert code == 0
+
+
+def test_a_send_that_cannot_start_also_reports_what_was_queued_before_it(broker):
+    create_topics(broker.bootstrap)
+    producer = EventProducer(broker.bootstrap, delivery_timeout_s=2.0)
+    template = sample_events()["StepCompleted"]
+    producer.send("coevolve.steps", dict(template, event_id="warm-up"))
+    assert producer.flush() == 1
+
+    broker.stop()
+    queued = [dict(template, event_id=f"queued-{i}") for i in range(10)]
+    for event in queued:
+        producer.send("coevolve.steps", event)
+    # No metadata for this topic is known, so the send itself cannot start.
+    with pytest.raises(DeliveryError) as info:
+        producer.send("coevolve.never-created", dict(template, event_id="new"), record_name="StepCompleted")
+    assert sorted(info.value.undelivered) == sorted([e["event_id"] for e in queued] + ["new"])
