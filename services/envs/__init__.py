@@ -1,7 +1,7 @@
 """Environments: the task shape, the environment contract, and BFCL multi-turn as the first backend."""
 from __future__ import annotations
 
-from coevolve.services.envs.base import Environment, StepResult, Task, TurnVerdict
+from coevolve.services.envs.base import Environment, Policy, StepResult, Task, TurnVerdict, run_episode
 
 ENVIRONMENTS = ("bfcl",)
 
@@ -14,4 +14,4 @@ def make_env(name: str = "bfcl", **config):
     raise ValueError(f"unknown environment {name!r}; available: {', '.join(ENVIRONMENTS)}")
 
 
-__all__ = ["ENVIRONMENTS", "Environment", "StepResult", "Task", "TurnVerdict", "make_env"]
+__all__ = ["ENVIRONMENTS", "Environment", "Policy", "StepResult", "Task", "TurnVerdict", "make_env", "run_episode"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 Message = dict[str, Any]
 """A chat message: `{"role": "system"|"user"|"tool", "content": str, ...}` (tools carry `name`)."""
@@ -108,3 +108,23 @@ class Environment(Protocol):
 
     def verdicts(self) -> list[TurnVerdict]:
         """The verdicts of the turns finished so far."""
+
+
+Policy = Callable[[list[Message]], "str | Sequence[str | Mapping[str, Any]]"]
+"""Maps the conversation so far to the agent's next output."""
+
+
+def run_episode(env: Environment, task: Task, policy: Policy) -> tuple[list[Message], StepResult]:
+    """Play one episode: the transcript (observations and the agent's outputs) and the last result.
+
+    Ends because the environment says so: every turn ended, or a step limit or the timeout was hit.
+    """
+    transcript = list(env.reset(task))
+    while True:
+        action = policy(transcript)
+        content = action if isinstance(action, str) else json.dumps(list(action), default=str)
+        transcript.append({"role": "assistant", "content": content})
+        result = env.step(action)
+        transcript.extend(result.observations)
+        if result.done:
+            return transcript, result

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from coevolve.services.config import ConfigError
-from coevolve.services.envs import Task, bfcl_data, make_env
+from coevolve.services.envs import Task, bfcl_data, make_env, run_episode
 from coevolve.services.envs.bfcl import BfclConfig, BfclEnv, InvalidTask, reference_problems, score_calls
 from coevolve.services.envs.calls import parse_action
 
@@ -306,3 +306,19 @@ def test_reference_problems_name_the_calls_a_synthesized_task_cannot_stand_on():
         "turn 1: post_tweet(content='hi')", "turn 1: mkdir()"]
     assert reference_problems(Task("syn-3", ("x",), state, ("Nope",), (("ls()",),)))[0].startswith("unknown tool class")
     assert reference_problems(Task("syn-4", ("x",), state, ("GorillaFileSystem",))) == ["the task has no reference solution"]
+
+
+def test_run_episode_with_a_scripted_policy_and_with_a_stubborn_one():
+    t = task("multi_turn_base_2")
+    outputs = iter([out for calls in t.reference for out in ([repr_calls(calls)] if calls else []) + ["Done."]])
+    transcript, result = run_episode(make_env("bfcl"), t, lambda messages: next(outputs))
+    assert result.done and result.success
+    assert [m["role"] for m in transcript[:2]] == ["system", "user"]
+    assert sum(m["role"] == "user" for m in transcript) == len(t.turns)
+
+    transcript, result = run_episode(make_env("bfcl", max_steps_per_turn=3), t, lambda messages: "pwd()")
+    assert result.done and not result.success and result.info["terminated"]
+
+
+def repr_calls(calls):
+    return "[" + ", ".join(calls) + "]"
