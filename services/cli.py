@@ -251,6 +251,30 @@ def env_show(env: str = EnvOpt, task_id: str = typer.Option(..., "--task-id", he
         raise typer.BadParameter(str(exc)) from None
 
 
+@app.command()
+def analyze(
+    clickhouse: Optional[str] = typer.Option(None, "--clickhouse", envvar="CLICKHOUSE_URL",
+                                             help="Archive URL (default: chdb:///<workdir>/clickhouse)."),
+    workdir: Path = typer.Option(Path(".coevolve"), help="Work directory; plots go to <workdir>/report/."),
+    run_ids: Optional[list[str]] = typer.Option(None, "--run", help="Run to analyze; repeat to compare runs "
+                                                "(default: every archived run)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the numbers as JSON instead of tables."),
+) -> None:
+    """Training-dynamics tables and plots (signals, validation, turns, reward, forgetting, rare calls)."""
+    from coevolve.services.archive.report import run_analyze
+    from coevolve.services.archive.store import ArchiveError, chdb_url, connect
+
+    try:
+        client = connect(clickhouse or chdb_url(workdir), create=False)
+    except ArchiveError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--clickhouse") from None
+    try:
+        text, _ = run_analyze(client, workdir / "report", run_ids=run_ids, as_json=as_json)
+    finally:
+        client.close()
+    print(text)
+
+
 def main() -> None:
     try:
         app()
