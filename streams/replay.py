@@ -20,9 +20,9 @@ import fastavro
 
 from coevolve.schemas.container import LogFileError, log_paths
 from coevolve.streams.signals import (EvidenceLimits, InvalidEvent, Replayer, Signal, Thresholds, diff,
-                                      iter_json_lines, rollout_of, summarize)
+                                      iter_json_lines, patterns_of, rollout_of, summarize)
 
-CHUNK_BYTES = 4 * 1024 * 1024  # trajectory bytes one decode task covers
+CHUNK_BYTES = 512 * 1024  # trajectory bytes one decode task covers
 
 
 @dataclass
@@ -81,18 +81,20 @@ def _chunks(path: Path) -> tuple[bytes, list[tuple[int, int]]]:
     return header, ranges
 
 
-def _decode_chunk(task: tuple[str, bytes, int, int, EvidenceLimits]) -> list:
-    """Decode one block range to rollouts; an invalid trajectory becomes ('invalid', id, reason)."""
-    path, header, offset, length, limits = task
+def _decode_chunk(task: tuple[str, bytes, int, int, EvidenceLimits, int]) -> list:
+    """Decode one block range to (rollout, pattern counts); an invalid one to ('invalid', id, reason)."""
+    path, header, offset, length, limits, pattern_length = task
     with open(path, "rb") as fh:
         fh.seek(offset)
         body = fh.read(length)
     out = []
     for event in fastavro.reader(io.BytesIO(header + body)):
         try:
-            out.append(rollout_of(event, limits))
+            r = rollout_of(event, limits)
         except (InvalidEvent, KeyError, TypeError) as exc:
             out.append(("invalid", str(event.get("event_id")), str(exc)))
+            continue
+        out.append((r, patterns_of(r[7], pattern_length)))
     return out
 
 
@@ -108,23 +110,23 @@ def replay_files(paths: Iterable[Path | str], thresholds: Thresholds = Threshold
                 replayer.add_step(event)
     events = 0
     trajectory_files = [p for p, n in named if n == "TrajectoryRecorded"]
-    for item in _rollouts(trajectory_files, limits, workers):
+    for item in _rollouts(trajectory_files, limits, thresholds.pattern_length, workers):
         events += 1
         if item[0] == "invalid":
             replayer.outcomes["invalid"] += 1
             replayer.invalid.append((item[1], item[2]))
         else:
-            replayer.add_rollout(item)
+            replayer.add_rollout(*item)
     signals = replayer.finish()
     return ReplayResult(signals, events, time.perf_counter() - started, dict(replayer.outcomes),
                         replayer.invalid)
 
 
-def _rollouts(paths: list[Path], limits: EvidenceLimits, workers: int) -> Iterator[tuple]:
+def _rollouts(paths: list[Path], limits: EvidenceLimits, pattern_length: int, workers: int) -> Iterator[tuple]:
     tasks = []
     for path in paths:
         header, ranges = _chunks(path)
-        tasks += [(str(path), header, off, length, limits) for off, length in ranges]
+        tasks += [(str(path), header, off, length, limits, pattern_length) for off, length in ranges]
     if workers <= 1 or len(tasks) <= 1:
         for task in tasks:
             yield from _decode_chunk(task)

@@ -101,20 +101,24 @@ class Signal:
     def id(self) -> str:
         return signal_id(self.kind, self.run_id, self.step, self.subject, self.thresholds)
 
+    def full_evidence(self) -> dict:
+        """The evidence with every field of the SignalRaised schema, defaults filled in."""
+        ev = {"scores": [], "attempt_score": None, "previous_scores": [], "pattern_count": 0,
+              "pattern_total": 0, "task_ids": [], "trajectories": []}
+        ev.update(self.evidence)
+        return ev
+
     def to_json(self) -> dict:
         return {"id": self.id, "type": self.kind, "run_id": self.run_id, "step": self.step,
                 "subject": self.subject, "task_id": self.task_id, "pattern": list(self.pattern),
                 "incomplete": self.incomplete, "thresholds": self.thresholds.as_record(),
-                "evidence": self.evidence}
+                "evidence": self.full_evidence()}
 
     def to_record(self, produced_at_ms: int) -> dict:
-        ev = {"scores": [], "attempt_score": None, "previous_scores": [], "pattern_count": 0,
-              "pattern_total": 0, "task_ids": [], "trajectories": []}
-        ev.update(self.evidence)
         return {"event_id": self.id, "kind": self.kind, "run_id": self.run_id, "step": self.step,
                 "subject": self.subject, "task_id": self.task_id, "pattern": list(self.pattern),
                 "thresholds": self.thresholds.as_record(), "incomplete": self.incomplete,
-                "evidence": ev, "produced_at": produced_at_ms}
+                "evidence": self.full_evidence(), "produced_at": produced_at_ms}
 
     @classmethod
     def from_json(cls, data: dict) -> "Signal":
@@ -351,7 +355,8 @@ class Replayer:
         elif name == "StepCompleted":
             self.add_step(event)
 
-    def add_rollout(self, r: Rollout) -> str:
+    def add_rollout(self, r: Rollout, patterns: dict | None = None) -> str:
+        """Process one rollout; `patterns` are its pattern counts if already computed."""
         run_id, step = r[1], r[2]
         pending = self.pending.get(run_id)
         if pending and pending[0][0] < step:
@@ -375,7 +380,9 @@ class Replayer:
         if sstate is None:
             sstate = self.steps[skey] = new_step_state()
         if not sstate["closed"]:
-            count_rollout(sstate, r[0], r[3], patterns_of(r[7], self.th.pattern_length), r[8], self.limits)
+            if patterns is None:
+                patterns = patterns_of(r[7], self.th.pattern_length)
+            count_rollout(sstate, r[0], r[3], patterns, r[8], self.limits)
             if step_complete(sstate):
                 self.signals += close_step(sstate, run_id, step, self.th, False)
         return outcome

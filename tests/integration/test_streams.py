@@ -1,0 +1,218 @@
+"""The live signal pipeline through the real broker and real Faust workers (`coevolve streams worker`).
+
+Each test publishes a log, runs worker processes on it, and compares the signals on coevolve.signals
+with `coevolve replay` of the same log from the topics.
+"""
+from __future__ import annotations
+
+import math
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from coevolve.schemas import default_registry
+from coevolve.services.broker.consumer import EventConsumer
+from coevolve.services.broker.embedded import free_port
+from coevolve.services.broker.producer import EventProducer
+from coevolve.services.broker.topics import DEADLETTER, SIGNALS, STEPS, TRAJECTORIES
+from coevolve.services.simulate import SimulationConfig, Simulator
+from coevolve.streams.replay import replay_topics
+from coevolve.streams.signals import Signal
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+REGISTRY = default_registry()
+
+
+def simulated(run_id: str, steps: int, seed: int = 0) -> list[tuple[str, str, str, dict]]:
+    cfg = SimulationConfig(run_id=run_id, steps=steps, seed=seed, synthesized_per_step=0, forget_probability=0.15)
+    return [(t, k, n, e) for t, k, n, e in Simulator(cfg).events()]
+
+
+def publish(bootstrap: str, events, raw: list[tuple[str, str, bytes]] = ()) -> None:
+    """Send events (a step's trajectories are confirmed before its completed-step event), then raw bytes."""
+    with EventProducer(bootstrap, client_id="test") as producer:
+        for topic, key, name, event in events:
+            if name == "StepCompleted":
+                producer.flush()
+            producer.send(topic, event, key=key, record_name=name)
+            if name == "StepCompleted":
+                producer.flush()
+        for topic, key, payload in raw:
+            producer.send_raw(topic, payload, key, "raw")
+
+
+class Worker:
+    """One `coevolve streams worker` process."""
+
+    def __init__(self, bootstrap: str, app_id: str, workdir: Path, name: str, grace_s: float = 600):
+        self.cmd = [str(Path(sys.executable).with_name("coevolve")), "streams", "worker", "--bootstrap", bootstrap,
+                    "--app-id", app_id, "--web-port", str(free_port()), "--datadir", str(workdir / name),
+                    "--grace-s", str(grace_s)]
+        self.log = workdir / f"{name}.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "Worker":
+        env = {**os.environ, "STREAMS_LOG_LEVEL": "info"}
+        self.proc = subprocess.Popen(self.cmd, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT,
+                                     start_new_session=True, env=env)
+        return self
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+class SignalReader:
+    """Every SignalRaised message on coevolve.signals so far, in arrival order."""
+
+    def __init__(self, bootstrap: str):
+        self.consumer = EventConsumer(bootstrap, [SIGNALS.name], service="test")
+        self.messages: list[dict] = []
+
+    def until(self, expected: dict[str, dict], timeout_s: float, workers=()) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not expected.keys() <= {m["event_id"] for m in self.messages}:
+            for w in workers:
+                assert w.alive(), f"worker died: {w.log.read_text()[-3000:]}"
+            if time.monotonic() > deadline:
+                missing = [expected[k] for k in expected.keys() - {m["event_id"] for m in self.messages}]
+                raise AssertionError(f"{len(missing)} of {len(expected)} signals missing: " + ", ".join(
+                    f"{s['type']} step {s['step']} {s['subject']}" for s in missing[:10]))
+            self.messages += [item.event for item in self.consumer.poll(0.2)]
+        self.messages += [item.event for item in self.consumer.drain(idle_s=2.0)]  # anything extra
+
+    def by_id(self) -> dict[str, dict]:
+        out: dict[str, dict] = {}
+        for m in self.messages:
+            form = Signal.from_record(m).to_json()
+            assert out.setdefault(m["event_id"], form) == form, "one id, two different signals"
+        return out
+
+
+def assert_same(live: dict[str, dict], expected: dict[str, dict]) -> None:
+    assert live.keys() == expected.keys(), (f"missing {len(expected.keys() - live.keys())}, "
+                                            f"extra {len(live.keys() - expected.keys())}")
+    for key, want in expected.items():
+        got = live[key]
+        diff = {f: (got.get(f), want[f]) for f in want if got.get(f) != want[f]}
+        if "evidence" in diff:
+            diff["evidence"] = {f: (got["evidence"].get(f), v) for f, v in want["evidence"].items()
+                                if got["evidence"].get(f) != v}
+        assert not diff, f"{want['type']} {want['step']} {want['subject']}: live, replay differ in {diff}"
+
+
+def expected_from_replay(bootstrap: str) -> dict[str, dict]:
+    return {s.id: s.to_json() for s in replay_topics(bootstrap).signals}
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    return tmp_path
+
+
+def test_live_signals_equal_replay_and_redelivery_changes_nothing(bootstrap, workdir):
+    events = simulated("live", 12, seed=1)
+    trajectories = [e for e in events if e[2] == "TrajectoryRecorded"]
+    redelivered = trajectories[5:40] + trajectories[300:310]  # at-least-once: the same events again
+    worker = Worker(bootstrap, f"t-{uuid.uuid4().hex[:8]}", workdir, "w0").start()
+    reader = SignalReader(bootstrap)
+    try:
+        publish(bootstrap, events[:400])
+        publish(bootstrap, redelivered)
+        publish(bootstrap, events[400:])
+        expected = expected_from_replay(bootstrap)
+        kinds = {s["type"] for s in expected.values()}
+        assert kinds == {"forgetting", "boundary", "rare"}
+        reader.until(expected, 120, [worker])
+        assert_same(reader.by_id(), expected)
+        assert len(reader.messages) == len(expected), "an uninterrupted run sends each signal once"
+    finally:
+        worker.stop()
+        reader.consumer.close()
+
+
+def test_killed_worker_restarted_mid_stream_yields_the_same_signals(bootstrap, workdir):
+    events = simulated("crash", 40, seed=2)
+    app_id = f"t-{uuid.uuid4().hex[:8]}"
+    workers = [Worker(bootstrap, app_id, workdir, f"w{i}").start() for i in range(2)]
+    reader = SignalReader(bootstrap)
+    try:
+        half = len(events) // 2
+        publish(bootstrap, events[:half])
+        deadline = time.monotonic() + 90
+        while len(reader.messages) < 50:  # both workers are mid-stream
+            assert time.monotonic() < deadline, "no signals from the first half"
+            reader.messages += [item.event for item in reader.consumer.poll(0.2)]
+        workers[0].kill()
+        publish(bootstrap, events[half:])
+        time.sleep(3)
+        workers[0].start()
+        expected = expected_from_replay(bootstrap)
+        reader.until(expected, 240, workers)  # Tansu may hold a killed member's rejoin ~100 s
+        assert_same(reader.by_id(), expected)  # none lost, none different; a redelivered one has the same id
+    finally:
+        for w in workers:
+            w.stop()
+        reader.consumer.close()
+
+
+def test_bad_input_is_dead_lettered_and_the_stream_goes_on_and_grace_closes_a_step(bootstrap, workdir):
+    before, after = simulated("before", 3, seed=3), simulated("after", 3, seed=4)
+    first = next(e for t, k, n, e in before if n == "TrajectoryRecorded")
+    late = {**first, "event_id": "late-rollout", "rollout_index": 99}
+    nan = {**first, "event_id": "nan-score", "step": 1, "score": math.nan}
+    body = REGISTRY.encode("TrajectoryRecorded", first)[10:]
+    unknown = b"\xc3\x01" + struct.pack("<Q", 0x1234567890ABCDEF) + body
+    raw = [(TRAJECTORIES.name, "x", b"\x00not avro at all"), (TRAJECTORIES.name, "x", unknown),
+           (TRAJECTORIES.name, first["task_id"], REGISTRY.encode("TrajectoryRecorded", nan)),
+           (TRAJECTORIES.name, first["task_id"], REGISTRY.encode("TrajectoryRecorded", late)),
+           (STEPS.name, "x", b"\xc3\x01short")]
+    # the last step of "after" claims more trajectories than it published: it closes by the grace period
+    after[-1] = (*after[-1][:3], {**after[-1][3], "trajectory_count": after[-1][3]["trajectory_count"] + 5})
+    worker = Worker(bootstrap, f"t-{uuid.uuid4().hex[:8]}", workdir, "w0", grace_s=8).start()
+    reader = SignalReader(bootstrap)
+    dead = EventConsumer(bootstrap, [DEADLETTER.name], service="test")
+    try:
+        publish(bootstrap, before, raw)
+        publish(bootstrap, after)
+        expected = expected_from_replay(bootstrap)
+        assert {s["run_id"] for s in expected.values()} == {"before", "after"}
+        incomplete = {(s["run_id"], s["step"]) for s in expected.values() if s["incomplete"]}
+        assert incomplete == {("after", after[-1][3]["step"])}
+        reader.until(expected, 120, [worker])
+        assert_same(reader.by_id(), expected)
+        letters, deadline = [], time.monotonic() + 30
+        while len(letters) < len(raw) and time.monotonic() < deadline:
+            letters += [item.event for item in dead.poll(0.2)]
+        by_type = {d["error_type"]: d for d in letters}
+        assert sorted(by_type) == ["invalid", "late", "malformed", "unknown_schema"]
+        assert len(letters) == len(raw)
+        assert by_type["unknown_schema"]["payload"] == unknown
+        assert "score is not a finite number" in by_type["invalid"]["reason"]
+        assert "already closed" in by_type["late"]["reason"]
+        assert all(d["service"] == "streams" and d["reason"] for d in letters)
+        assert {d["source_topic"] for d in letters} == {TRAJECTORIES.name, STEPS.name}
+        assert worker.alive()
+    finally:
+        worker.stop()
+        reader.consumer.close()
+        dead.close()
