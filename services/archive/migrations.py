@@ -2,7 +2,8 @@
 
 Append a new version to change a table; never edit an applied one. Every event table is a
 ReplacingMergeTree whose sorting key ends in `event_id`, so a re-inserted event collapses into one row;
-queries read with FINAL (or dedup by `event_id`) and never double-count.
+queries read with FINAL (or dedup by `event_id`) and never double-count. A trajectory published twice
+keeps its first log position (`log_rank`), which is what replay's lateness rules look at.
 """
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ V1 = [
         task_source LowCardinality(String), rollout_index Int32, group_size Int32, score Float64,
         success Bool, turn_count Int32, policy_version Int64, prompt String, response String,
         prompt_tokens Int32, completion_tokens Int32, produced_at {_UTC},
-        action_names Array(LowCardinality(String)), {_ORIGIN}
-    ) ENGINE = ReplacingMergeTree ORDER BY (run_id, step, task_id, event_id)""",
+        action_names Array(LowCardinality(String)), {_ORIGIN},
+        log_rank UInt64 MATERIALIZED bitNot(bitShiftLeft(toUInt64(log_partition + 1), 44) + toUInt64(log_offset))
+    ) ENGINE = ReplacingMergeTree(log_rank) ORDER BY (run_id, step, task_id, event_id)""",
     f"""CREATE TABLE IF NOT EXISTS {{db}}.actions (
         event_id String, run_id LowCardinality(String), step Int64, task_id String, position UInt16,
         name LowCardinality(String), arguments String, observation String, turn Int32, score Float64,

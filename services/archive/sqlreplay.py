@@ -1,0 +1,217 @@
+"""`coevolve replay --engine sql`: the three signals computed in ClickHouse SQL, over the archive or
+over Avro log files that ClickHouse reads directly.
+
+The rules are those of streams/signals.py (the reference), restated as set operations over log
+positions (`pos`: partition and offset in the archive, file and row for files):
+- the first occurrence of an event_id counts; invalid trajectories (non-finite score, group_size < 1)
+  count for nothing;
+- a completed-step record (run, s) takes effect at the first trajectory of the run with a step > s (its
+  trigger), else at the end of the input;
+- a group (run, task, step) opens at its first rollout p1 and closes at its group_size-th rollout or at
+  the first trigger after p1, whichever comes first; rollouts after that are late;
+- groups close in (close position, step) order, and forgetting looks at the W highest-step attempts of
+  the task with a lower step that closed before this one;
+- a step's rare counts cover its accepted rollouts up to the larger of its trajectory_count and the
+  number accepted before its trigger.
+Known difference: the reference forgets a task's closed attempts beyond max(W, 16) and then calls a
+first rollout at or below the forgotten steps late; here that window is W + 16 and nothing is called
+late for it. Only logs whose attempts close more than 16 steps out of order see a difference.
+"""
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from pathlib import Path
+
+from coevolve.streams.signals import KEEP_CLOSED, EvidenceLimits, Signal, Thresholds
+
+INF = 2**64 - 1
+SEP = "\x1f"
+
+
+def archive_sources(db: str) -> tuple[str, str]:
+    """(trajectories, completed steps) relations over the archive; pos = (partition, offset)."""
+    traj = f"""SELECT toUInt64(bitShiftLeft(toUInt64(log_partition + 1), 44) + toUInt64(log_offset)) AS pos, event_id,
+        run_id, step, task_id, rollout_index, group_size, score, action_names AS names
+        FROM {db}.trajectories FINAL"""
+    return traj, f"SELECT run_id, step, trajectory_count FROM {db}.steps FINAL"
+
+
+def _quote(path: Path) -> str:
+    return "'" + str(path.resolve()).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def file_sources(trajectory_files: list[Path], step_files: list[Path]) -> tuple[str, str]:
+    """Relations over Avro container files; pos = (file index, row), first occurrence of an event_id."""
+    parts = [f"""SELECT toUInt64(bitShiftLeft(toUInt64({i}), 44) + toUInt64(_row_number)) AS pos, event_id, run_id, step, task_id,
+        rollout_index, group_size, score, actions.name AS names FROM file({_quote(p)}, 'Avro')"""
+             for i, p in enumerate(trajectory_files)]
+    traj = f"""SELECT min(pos) AS pos, event_id, any(run_id) AS run_id, any(step) AS step,
+        any(task_id) AS task_id, any(rollout_index) AS rollout_index, any(group_size) AS group_size,
+        any(score) AS score, any(names) AS names FROM ({' UNION ALL '.join(parts)}) GROUP BY event_id"""
+    steps = " UNION ALL ".join(f"SELECT run_id, step, trajectory_count FROM file({_quote(p)}, 'Avro')"
+                               for p in step_files) or \
+        "SELECT '' AS run_id, toInt64(0) AS step, toInt32(0) AS trajectory_count WHERE 0"
+    return traj, steps
+
+
+def _common(traj: str, steps: str, lookback: int) -> str:
+    """CTEs shared by the attempt and rare queries: triggers, groups, members.
+
+    `traj` holds the valid first occurrences, `steps` the completed-step records (temporary tables)."""
+    return f"""
+    traj AS (SELECT * FROM {traj}),
+    completions AS (SELECT run_id, step, min(trajectory_count) AS expected FROM {steps} GROUP BY run_id, step),
+    steps_all AS (
+        SELECT run_id, step, min(first_pos) AS first_pos, max(expected) AS expected FROM (
+            SELECT run_id, step, min(pos) AS first_pos, CAST(NULL, 'Nullable(Int64)') AS expected
+            FROM traj GROUP BY run_id, step
+            UNION ALL
+            SELECT run_id, step, toUInt64({INF}), toNullable(toInt64(expected)) FROM completions)
+        GROUP BY run_id, step),
+    triggers AS (
+        SELECT run_id, step, expected,
+               ifNull(minOrNull(first_pos) OVER (PARTITION BY run_id ORDER BY step DESC
+                      ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), {INF}) AS trigger_pos
+        FROM steps_all),
+    fired AS (SELECT run_id, trigger_pos, 1 AS hit FROM triggers WHERE expected IS NOT NULL AND trigger_pos != {INF}),
+    opened AS (SELECT run_id, task_id, step, min(pos) AS p1, argMin(group_size, pos) AS gsize
+               FROM traj GROUP BY run_id, task_id, step),
+    grp AS (SELECT o.run_id AS run_id, o.task_id AS task_id, o.step AS step, o.gsize AS gsize,
+                   if(f.hit = 1, f.trigger_pos, {INF}) AS close_by
+            FROM opened AS o ASOF LEFT JOIN fired AS f ON o.run_id = f.run_id AND o.p1 < f.trigger_pos),
+    ranked AS (SELECT t.*, g.gsize AS gsize, g.close_by AS close_by,
+                      row_number() OVER (PARTITION BY t.run_id, t.task_id, t.step ORDER BY t.pos) AS rn
+               FROM traj AS t INNER JOIN grp AS g
+               ON t.run_id = g.run_id AND t.task_id = g.task_id AND t.step = g.step),
+    members AS (SELECT * FROM ranked WHERE pos < close_by AND rn <= gsize)"""
+
+
+def attempt_sql(traj: str, steps: str, th: Thresholds) -> str:
+    lookback = th.window + KEEP_CLOSED
+    tau = float(th.success_threshold)
+    return f"""WITH {_common(traj, steps, lookback)},
+    attempts AS (
+        SELECT run_id, task_id, step, count() AS n, any(gsize) AS gsize, any(close_by) AS close_by,
+               max(pos) AS last_pos, sumKahan(score) / count() AS attempt_score,
+               arraySort(x -> (x.1, x.2), groupArray((rollout_index, event_id, score))) AS rollouts
+        FROM members GROUP BY run_id, task_id, step),
+    closed AS (SELECT *, if(n >= gsize, last_pos, close_by) AS close_pos FROM attempts),
+    windowed AS (
+        SELECT *, groupArray((step, close_pos, attempt_score, arrayMap(r -> r.3, rollouts))) OVER (
+                      PARTITION BY run_id, task_id ORDER BY step ROWS BETWEEN {lookback} PRECEDING AND 1 PRECEDING)
+                  AS before
+        FROM closed),
+    judged AS (
+        SELECT run_id, task_id, step, rollouts, arrayMap(r -> r.3, rollouts) AS scores, attempt_score,
+               arraySlice(arrayFilter(b -> (b.2, b.1) < (close_pos, step), before), -{th.window}) AS previous
+        FROM windowed)
+    SELECT run_id, task_id, step, arrayMap(r -> r.2, rollouts) AS ids, scores, arrayMap(p -> p.4, previous),
+           attempt_score < {tau} AND arrayExists(p -> p.3 >= {tau}, previous) AS forgetting,
+           arrayExists(s -> s >= {tau}, scores) AND arrayExists(s -> s < {tau}, scores) AS boundary
+    FROM judged WHERE forgetting OR boundary"""
+
+
+def rare_sql(traj: str, steps: str, th: Thresholds, keep: int) -> str:
+    n = th.pattern_length
+    if n == 1:
+        patterns = "names"
+    else:
+        patterns = (f"arrayMap(i -> arrayStringConcat(arraySlice(names, i, {n}), '{SEP}'), "
+                    f"range(1, toUInt64(greatest(length(names) - {n} + 2, 1))))")
+    return f"""WITH {_common(traj, steps, 0)},
+    accepted AS (
+        SELECT m.*, tr.expected AS expected, if(tr.expected IS NULL, {INF}, tr.trigger_pos) AS trig,
+               row_number() OVER (PARTITION BY m.run_id, m.step ORDER BY m.pos) AS k,
+               count() OVER (PARTITION BY m.run_id, m.step) AS total
+        FROM members AS m LEFT JOIN triggers AS tr ON m.run_id = tr.run_id AND m.step = tr.step),
+    limited AS (
+        SELECT *, countIf(pos < trig) OVER (PARTITION BY run_id, step) AS k_before FROM accepted),
+    counted AS (
+        SELECT run_id, step, event_id, task_id, names, expected IS NULL OR total < expected AS incomplete
+        FROM limited WHERE expected IS NULL OR toInt64(k) <= greatest(expected, toInt64(k_before))),
+    per_trajectory AS (
+        SELECT run_id, step, event_id, task_id, incomplete, p, count() AS c
+        FROM counted ARRAY JOIN {patterns} AS p GROUP BY run_id, step, event_id, task_id, incomplete, p),
+    per_pattern AS (
+        SELECT run_id, step, p, any(incomplete) AS incomplete, sum(c) AS c,
+               arraySort(groupUniqArray(task_id)) AS task_ids, groupArraySorted({keep})(event_id) AS ids
+        FROM per_trajectory GROUP BY run_id, step, p),
+    totals AS (SELECT *, sum(c) OVER (PARTITION BY run_id, step) AS total FROM per_pattern)
+    SELECT run_id, step, p, incomplete, c, total, task_ids, ids FROM totals
+    WHERE c > 0 AND 100 * c < {float(th.rare_threshold)} * total"""
+
+
+def _evidence(client, ids_table: str, source: tuple[str, object], limits: EvidenceLimits) -> dict[str, dict]:
+    """Each listed trajectory's evidence, shaped and truncated as streams.signals.rollout_of does."""
+    kind, where = source
+    oc, ac, na = limits.observation_chars, limits.arguments_chars, limits.max_actions
+    wanted = f"event_id IN (SELECT event_id FROM {ids_table})"
+    out: dict[str, dict] = {}
+    if kind == "archive":
+        db = where
+        for eid, task, idx, score in client.query(f"""SELECT event_id, task_id, rollout_index, score
+                FROM {db}.trajectories FINAL WHERE {wanted}""").result_rows:
+            out[eid] = {"event_id": eid, "task_id": task, "rollout_index": idx, "score": float(score), "actions": []}
+        for eid, name, args, obs in client.query(f"""SELECT event_id, name, substringUTF8(arguments, 1, {ac}),
+                substringUTF8(observation, 1, {oc}) FROM {db}.actions FINAL
+                WHERE {wanted} AND position < {na} ORDER BY event_id, position""").result_rows:
+            out[eid]["actions"].append({"name": name, "arguments": args, "observation": obs})
+        return out
+    for path in where:
+        rows = client.query(f"""SELECT event_id, task_id, rollout_index, score, arrayMap(a -> (a.name,
+                substringUTF8(a.arguments, 1, {ac}), substringUTF8(a.observation, 1, {oc})), arraySlice(actions, 1, {na}))
+                FROM file({_quote(path)}, 'Avro') WHERE {wanted} ORDER BY _row_number""").result_rows
+        for eid, task, idx, score, acts in rows:
+            out.setdefault(eid, {"event_id": eid, "task_id": task, "rollout_index": idx, "score": float(score),
+                                 "actions": [{"name": a[0], "arguments": a[1], "observation": a[2]} for a in acts]})
+    return out
+
+
+def _mean(scores) -> float:
+    return math.fsum(scores) / len(scores)
+
+
+def replay_sql(client, traj: str, steps: str, source: tuple[str, object], thresholds: Thresholds = Thresholds(),
+               limits: EvidenceLimits = EvidenceLimits(), evidence: bool = True) -> tuple[list[Signal], dict]:
+    """Every signal of the log, computed in SQL; evidence trajectories fetched for the raised ones.
+
+    Returns (signals sorted by run, step, kind, subject; stats with events, accepted and seconds)."""
+    started = time.perf_counter()
+    th = thresholds
+    tag = uuid.uuid4().hex[:8]
+    t_traj, t_steps, t_ids = f"replay_traj_{tag}", f"replay_steps_{tag}", f"replay_ids_{tag}"
+    client.command(f"""CREATE TEMPORARY TABLE {t_traj} ENGINE = Memory AS
+                       SELECT * FROM ({traj}) WHERE isFinite(score) AND group_size >= 1""")
+    client.command(f"CREATE TEMPORARY TABLE {t_steps} ENGINE = Memory AS {steps}")
+    try:
+        attempts = client.query(attempt_sql(t_traj, t_steps, th)).result_rows
+        rare = client.query(rare_sql(t_traj, t_steps, th, limits.rare_trajectories)).result_rows
+        sql_seconds = time.perf_counter() - started
+        trajectories = {}
+        if evidence:
+            wanted = sorted({i for row in attempts for i in row[3]} | {i for row in rare for i in row[7]})
+            client.command(f"CREATE TEMPORARY TABLE {t_ids} (event_id String) ENGINE = Memory")
+            client.insert(t_ids, [[i] for i in wanted], column_names=["event_id"])
+            trajectories = _evidence(client, t_ids, source, limits)
+        stats = client.query(f"SELECT count(), countIf(isFinite(score) AND group_size >= 1) FROM ({traj})").result_rows[0]
+    finally:
+        for table in (t_traj, t_steps, t_ids):
+            client.command(f"DROP TEMPORARY TABLE IF EXISTS {table}")
+    signals: list[Signal] = []
+    for run_id, task_id, step, ids, scores, previous, forgetting, boundary in attempts:
+        ev = {"scores": list(scores), "attempt_score": _mean(scores), "previous_scores": [_mean(s) for s in previous],
+              "trajectories": [trajectories[i] for i in ids if i in trajectories]}
+        for kind, raised in (("forgetting", forgetting), ("boundary", boundary)):
+            if raised:
+                signals.append(Signal(kind, run_id, step, task_id, th, task_id=task_id, evidence=ev))
+    for run_id, step, p, incomplete, c, total, task_ids, ids in rare:
+        pattern = tuple(p.split(SEP))
+        signals.append(Signal("rare", run_id, step, " > ".join(pattern), th, pattern=pattern,
+                              incomplete=bool(incomplete), evidence={
+                                  "pattern_count": c, "pattern_total": total, "task_ids": list(task_ids),
+                                  "trajectories": [trajectories[i] for i in ids if i in trajectories]}))
+    signals.sort(key=lambda s: (s.run_id, s.step, s.kind, s.subject))
+    return signals, {"events": stats[0], "valid": stats[1], "sql_seconds": sql_seconds,
+                     "seconds": time.perf_counter() - started}
