@@ -2,11 +2,12 @@
 
     python -m bench.bench_live [--events N] [--workers W] [--repeats R] [--latency-rate 2000]
 
-Starts the embedded broker and W `coevolve streams worker` processes, warms them up on a small run,
-then per repeat publishes a simulated run (pre-encoded) as fast as the producer goes and times it
-until the last of the signals the replay of the same run predicts has arrived on coevolve.signals:
-rate = trajectory events / that time. The latency run publishes at --latency-rate events/s and, per
-step, measures the delay from sending its completed-step event to receiving its last signal.
+Throughput, per repeat: a fresh embedded broker gets a simulated run (pre-encoded, published before
+the workers start), then W `coevolve streams worker` processes start on it. The clock starts when the
+workers' /metrics first count a processed trajectory (c0 of them) and stops when the last of the
+signals that the replay of the same run predicts has arrived on coevolve.signals:
+rate = (N - c0) / elapsed. Latency: with the workers running, a run is published at --latency-rate
+events/s; per step, the delay from sending its completed-step event to receiving its last signal.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -40,15 +42,17 @@ def simulate(run_id: str, steps: int) -> tuple[list, set[str]]:
     return [(topic, key, name, e["step"], registry.encode(name, e)) for topic, key, name, e in events], expected
 
 
-def start_workers(bootstrap: str, n: int, workdir: Path) -> list[subprocess.Popen]:
+def start_workers(bootstrap: str, n: int, workdir: Path) -> tuple[list[subprocess.Popen], list[int]]:
     app_id = f"bench-{uuid.uuid4().hex[:8]}"
-    procs = []
+    workdir.mkdir(parents=True, exist_ok=True)
+    procs, ports = [], []
     for i in range(n):
+        ports.append(free_port())
         cmd = [str(Path(sys.executable).with_name("coevolve")), "streams", "worker", "--bootstrap", bootstrap,
-               "--app-id", app_id, "--web-port", str(free_port()), "--datadir", str(workdir / f"w{i}")]
+               "--app-id", app_id, "--web-port", str(ports[-1]), "--datadir", str(workdir / f"w{i}")]
         log = open(workdir / f"worker{i}.log", "wb")
         procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-    return procs
+    return procs, ports
 
 
 def publish(producer: EventProducer, messages: list, rate: float = 0.0) -> dict[int, float]:
@@ -81,6 +85,88 @@ def await_signals(consumer: EventConsumer, expected: set[str], timeout_s: float)
     return seen
 
 
+def processed(ports: list[int]) -> int:
+    """Trajectories the workers have processed so far, from their /metrics."""
+    total = 0
+    for port in ports:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as resp:
+                text = resp.read().decode()
+        except OSError:
+            continue
+        total += sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                     if line.startswith("signals_trajectories_total{"))
+    return int(total)
+
+
+def throughput_run(args, repeat: int, workdir: Path) -> float:
+    steps = max(1, args.events // STEP_SIZE)
+    messages, expected = simulate(f"throughput-{repeat}", steps)
+    with EmbeddedBroker() as broker:
+        create_topics(broker.bootstrap)
+        with EventProducer(broker.bootstrap, client_id="bench") as producer:
+            publish(producer, messages)
+        consumer = EventConsumer(broker.bootstrap, [SIGNALS.name], service="bench")
+        workers, ports = start_workers(broker.bootstrap, args.workers, workdir / f"r{repeat}")
+        try:
+            deadline = time.monotonic() + 120
+            while (c0 := processed(ports)) == 0:
+                if time.monotonic() > deadline:
+                    raise TimeoutError("workers processed nothing in 120 s")
+                time.sleep(0.05)
+            start = time.monotonic()
+            seen = await_signals(consumer, expected, 600)
+            elapsed = max(t for _, t in seen.values()) - start
+        finally:
+            consumer.close()
+            stop_workers(workers, args.show_logs, workdir / f"r{repeat}")
+    rate = (steps * STEP_SIZE - c0) / elapsed
+    print(f"run {repeat}: {steps * STEP_SIZE} events ({c0} before the clock), {len(expected)} signals, "
+          f"{elapsed:.2f} s: {rate:,.0f} events/s", flush=True)
+    return rate
+
+
+def latency_run(args, workdir: Path) -> None:
+    steps = max(2, int(args.latency_rate * args.latency_seconds / STEP_SIZE))
+    warm, warm_expected = simulate("warm", 2)
+    messages, expected = simulate("latency", steps)
+    with EmbeddedBroker() as broker:
+        create_topics(broker.bootstrap)
+        consumer = EventConsumer(broker.bootstrap, [SIGNALS.name], service="bench")
+        workers, _ports = start_workers(broker.bootstrap, args.workers, workdir / "latency")
+        try:
+            with EventProducer(broker.bootstrap, client_id="bench") as producer:
+                publish(producer, warm)
+                await_signals(consumer, warm_expected, 120)
+                sent_at = publish(producer, messages, args.latency_rate)
+            seen = await_signals(consumer, expected, 120)
+        finally:
+            consumer.close()
+            stop_workers(workers, args.show_logs, workdir / "latency")
+    last: dict[int, float] = {}
+    for step, t in seen.values():
+        last[step] = max(last.get(step, 0.0), t)
+    delays = sorted(max(0.0, last[s] - sent_at[s]) for s in last if s in sent_at)
+    p50 = delays[len(delays) // 2]
+    p99 = delays[min(len(delays) - 1, int(0.99 * len(delays)))]
+    print(f"latency, {args.workers} worker(s), {args.latency_rate:,.0f} events/s, {len(delays)} steps: "
+          f"completed-step event -> last signal p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, "
+          f"max {delays[-1] * 1000:.0f} ms")
+
+
+def stop_workers(workers: list[subprocess.Popen], show_logs: bool, workdir: Path) -> None:
+    for proc in workers:
+        proc.terminate()
+    for proc in workers:
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    if show_logs:
+        for log in sorted(workdir.glob("*.log")):
+            print(log.read_text()[-3000:])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=50_000, help="Trajectory events per throughput run.")
@@ -91,56 +177,11 @@ def main() -> None:
     parser.add_argument("--show-logs", action="store_true", help="Print the end of each worker's log.")
     args = parser.parse_args()
     print(f"machine: {machine()}")
-    with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:
-        create_topics(broker.bootstrap)
-        workers = start_workers(broker.bootstrap, args.workers, Path(tmp))
-        consumer = EventConsumer(broker.bootstrap, [SIGNALS.name], service="bench", from_beginning=False)
-        producer = EventProducer(broker.bootstrap, client_id="bench")
-        try:
-            warm, expected = simulate("warm", 2)
-            consumer.poll(0.5)
-            publish(producer, warm)
-            await_signals(consumer, expected, 120)
-            steps = max(1, args.events // STEP_SIZE)
-            rates = []
-            for repeat in range(args.repeats):
-                messages, expected = simulate(f"throughput-{repeat}", steps)
-                start = time.monotonic()
-                publish(producer, messages)
-                published = time.monotonic() - start
-                seen = await_signals(consumer, expected, 300)
-                elapsed = max(t for _, t in seen.values()) - start
-                rates.append(steps * STEP_SIZE / elapsed)
-                print(f"run {repeat}: {steps * STEP_SIZE} events, {len(expected)} signals, published in "
-                      f"{published:.2f} s, last signal after {elapsed:.2f} s", flush=True)
-            report(f"live, {args.workers} worker(s), events -> signals", statistics.median(rates), "events/s", rates)
-            if args.latency_rate > 0:
-                steps = max(2, int(args.latency_rate * args.latency_seconds / STEP_SIZE))
-                messages, expected = simulate("latency", steps)
-                sent_at = publish(producer, messages, args.latency_rate)
-                seen = await_signals(consumer, expected, 120)
-                last: dict[int, float] = {}
-                for step, t in seen.values():
-                    last[step] = max(last.get(step, 0.0), t)
-                delays = sorted(max(0.0, last[s] - sent_at[s]) for s in last if s in sent_at)
-                p50 = delays[len(delays) // 2]
-                p99 = delays[min(len(delays) - 1, int(0.99 * len(delays)))]
-                print(f"latency at {args.latency_rate:,.0f} events/s, {len(delays)} steps: completed-step "
-                      f"event -> last signal p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, "
-                      f"max {delays[-1] * 1000:.0f} ms")
-        finally:
-            producer.close()
-            consumer.close()
-            for proc in workers:
-                proc.terminate()
-            for proc in workers:
-                try:
-                    proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-            if args.show_logs:
-                for log in Path(tmp).glob("*.log"):
-                    print(log.read_text()[-3000:])
+    with tempfile.TemporaryDirectory() as tmp:
+        rates = [throughput_run(args, r, Path(tmp)) for r in range(args.repeats)]
+        report(f"live, {args.workers} worker(s), events -> signals", statistics.median(rates), "events/s", rates)
+        if args.latency_rate > 0:
+            latency_run(args, Path(tmp))
 
 
 if __name__ == "__main__":

@@ -190,7 +190,7 @@ def replay(
     output: Optional[Path] = typer.Option(None, help="Write the signals here as JSON lines."),
     publish: Optional[str] = typer.Option(None, help="Send the signals to this topic (needs --bootstrap)."),
     compare: Optional[str] = typer.Option(None, help="Diff against a signal JSON-lines file, or a topic."),
-    workers: int = typer.Option(2, help="Decoding processes for --input."),
+    workers: int = typer.Option(1, help="Decoding processes for --input (2 pays off only where decoding dominates pickling)."),
 ) -> None:
     """Recompute signals from the event log with any thresholds; print counts and a diff."""
     from coevolve.streams.replay import run_replay

@@ -53,7 +53,8 @@ def build_app(cfg: StreamsConfig, metrics: Metrics) -> faust.App:
         web_enabled=cfg.web_enabled, web_port=cfg.web_port, web_bind="127.0.0.1", web_host="127.0.0.1",
         topic_partitions=PARTITIONS, table_standby_replicas=0, consumer_auto_offset_reset="earliest",
         producer_acks=-1, topic_allow_declare=False, stream_buffer_maxsize=4 * cfg.batch_size,
-        **FAUST_GROUP_TIMEOUTS_S)
+        broker_max_poll_records=cfg.batch_size, producer_max_batch_size=1024 * 1024,
+        producer_linger_ms=2, **FAUST_GROUP_TIMEOUTS_S)
     raw = dict(key_serializer="raw", value_serializer="raw")
     names = internal_topics(cfg.app_id)
     markers_name, counts_name = names["markers"].name, names["counts"].name
@@ -69,7 +70,8 @@ def build_app(cfg: StreamsConfig, metrics: Metrics) -> faust.App:
 
     async def send_all(sends: list) -> None:
         """Send, then wait until the broker has confirmed every message."""
-        futures = [await topic.send(key=key, value=value, partition=part, force=True)
+        producer = app.producer
+        futures = [await producer.send(topic.get_topic_name(), key, value, part, None, None)
                    for topic, key, value, part in sends]
         if futures:
             await asyncio.gather(*futures)

@@ -19,7 +19,7 @@ class StreamsConfig:
     grace_s: float = doc(30.0, "A step not complete this long after its last event closes, flagged incomplete.")
     observation_chars: int = doc(200, "Evidence: characters kept of each observation.")
     max_actions: int = doc(64, "Evidence: actions kept per trajectory.")
-    rare_trajectories: int = doc(5, "Evidence: trajectories kept per rare pattern (smallest event ids).")
+    rare_trajectories: int = doc(3, "Evidence: trajectories kept per rare pattern (smallest event ids).")
     batch_size: int = doc(2000, "Events an agent takes per batch; tables are written once per batch.")
     batch_within_s: float = doc(0.1, "Longest wait to fill a batch, seconds.")
     tick_s: float = doc(1.0, "How often the grace period is checked, seconds.")

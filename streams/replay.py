@@ -231,7 +231,7 @@ def report(result: ReplayResult, compare: list[dict] | None = None) -> str:
 
 def run_replay(inputs: list[Path] | None, bootstrap: str | None, window: int, success_threshold: float,
                rare_threshold: float, pattern_length: int, output: Path | None, publish: str | None,
-               compare: str | None, workers: int = 2) -> str:
+               compare: str | None, workers: int = 1) -> str:
     """The `coevolve replay` command: replay, write or publish, and return the report."""
     thresholds = Thresholds(success_threshold, window, rare_threshold, pattern_length)
     if publish and not bootstrap:

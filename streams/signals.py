@@ -77,7 +77,7 @@ class EvidenceLimits:
     observation_chars: int = 200
     arguments_chars: int = 500
     max_actions: int = 64
-    rare_trajectories: int = 5
+    rare_trajectories: int = 3
 
 
 def signal_id(kind: str, run_id: str, step: int, subject: str, thresholds: Thresholds) -> str:

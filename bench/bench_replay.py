@@ -1,0 +1,42 @@
+"""Replay throughput: trajectory events/s from an Avro log file to signals, end to end.
+
+    python -m bench.bench_replay [--events N] [--workers 1 2] [--repeats R]
+
+Writes a simulated run with `coevolve simulate --output`, then times `replay_files` (open, decode,
+the pure signal functions, close every group and step) with each number of decoding processes.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+from pathlib import Path
+
+from bench.common import machine, report
+from coevolve.services.simulate import SimulationConfig, write_file
+from coevolve.streams.replay import replay_files
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    print(f"machine: {machine()}")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "run.avro"
+        counts, _files = write_file(SimulationConfig(steps=max(1, args.events // 128), synthesized_per_step=0), path)
+        print(f"log: {counts['TrajectoryRecorded']} trajectories, {path.stat().st_size / 2**20:.1f} MiB")
+        for workers in args.workers:
+            rates, signals = [], 0
+            for _ in range(args.repeats):
+                result = replay_files([path], workers=workers)
+                rates.append(result.events / result.seconds)
+                signals = len(result.signals)
+            report(f"replay, {workers} decoding process(es), {signals} signals", statistics.median(rates),
+                   "events/s", rates)
+
+
+if __name__ == "__main__":
+    main()
