@@ -13,7 +13,9 @@ positions (`pos`: partition and offset in the archive, file and row for files):
   the task with a lower step that closed before this one;
 - a step's rare counts cover its accepted rollouts up to the larger of its trajectory_count and the
   number accepted before its trigger.
-Known difference: the reference forgets a task's closed attempts beyond max(W, 16) and then calls a
+SQL picks every attempt within 1e-9 of tau as a forgetting candidate; the final comparison of the
+means uses math.fsum, as the reference does, because sumKahan is not exactly rounded (a mean of
+exactly tau would otherwise flip). Known difference: the reference forgets a task's closed attempts beyond max(W, 16) and then calls a
 first rollout at or below the forgotten steps late; here that window is W + 16 and nothing is called
 late for it. Only logs whose attempts close more than 16 steps out of order see a difference.
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from coevolve.streams.signals import KEEP_CLOSED, EvidenceLimits, Signal, Thresholds
@@ -30,30 +33,46 @@ INF = 2**64 - 1
 SEP = "\x1f"
 
 
-def archive_sources(db: str) -> tuple[str, str]:
-    """(trajectories, completed steps) relations over the archive; pos = (partition, offset)."""
-    traj = f"""SELECT toUInt64(bitShiftLeft(toUInt64(log_partition + 1), 44) + toUInt64(log_offset)) AS pos, event_id,
-        run_id, step, task_id, rollout_index, group_size, score, action_names AS names
+@dataclass(frozen=True)
+class Source:
+    """Where the SQL replay reads: `trajectories` (every occurrence, with `pos`), `steps`, and whether
+    event ids are already unique (the archive keeps each id's first occurrence)."""
+
+    trajectories: str
+    steps: str
+    unique: bool
+    evidence: tuple[str, object]
+
+
+def archive_source(db: str) -> Source:
+    """The archive; pos = (partition + 1, offset) of the event's first occurrence in the log."""
+    traj = f"""SELECT toUInt64(bitShiftLeft(toUInt64(log_partition + 1), 44) + toUInt64(log_offset)) AS pos,
+        event_id, run_id, step, task_id, rollout_index, group_size, score, action_names AS names
         FROM {db}.trajectories FINAL"""
-    return traj, f"SELECT run_id, step, trajectory_count FROM {db}.steps FINAL"
+    return Source(traj, f"SELECT run_id, step, trajectory_count FROM {db}.steps FINAL", True, ("archive", db))
 
 
 def _quote(path: Path) -> str:
     return "'" + str(path.resolve()).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def file_sources(trajectory_files: list[Path], step_files: list[Path]) -> tuple[str, str]:
-    """Relations over Avro container files; pos = (file index, row), first occurrence of an event_id."""
-    parts = [f"""SELECT toUInt64(bitShiftLeft(toUInt64({i}), 44) + toUInt64(_row_number)) AS pos, event_id, run_id, step, task_id,
-        rollout_index, group_size, score, actions.name AS names FROM file({_quote(p)}, 'Avro')"""
+def file_source(paths: list[Path]) -> Source:
+    """Avro container files (trajectory and completed-step files, any order); pos = (file index, row)."""
+    from coevolve.streams.replay import _root_name, expand_inputs
+
+    named = [(p, _root_name(p)) for p in expand_inputs(paths)]
+    trajectory_files = [p for p, n in named if n == "TrajectoryRecorded"]
+    step_files = [p for p, n in named if n == "StepCompleted"]
+    parts = [f"""SELECT toUInt64(bitShiftLeft(toUInt64({i}), 44) + toUInt64(_row_number)) AS pos, event_id, run_id,
+        step, task_id, rollout_index, group_size, score, actions.name AS names FROM file({_quote(p)}, 'Avro')"""
              for i, p in enumerate(trajectory_files)]
-    traj = f"""SELECT min(pos) AS pos, event_id, any(run_id) AS run_id, any(step) AS step,
-        any(task_id) AS task_id, any(rollout_index) AS rollout_index, any(group_size) AS group_size,
-        any(score) AS score, any(names) AS names FROM ({' UNION ALL '.join(parts)}) GROUP BY event_id"""
+    traj = " UNION ALL ".join(parts) or """SELECT toUInt64(0) AS pos, '' AS event_id, '' AS run_id,
+        toInt64(0) AS step, '' AS task_id, toInt32(0) AS rollout_index, toInt32(0) AS group_size,
+        toFloat64(0) AS score, CAST([], 'Array(String)') AS names WHERE 0"""
     steps = " UNION ALL ".join(f"SELECT run_id, step, trajectory_count FROM file({_quote(p)}, 'Avro')"
                                for p in step_files) or \
         "SELECT '' AS run_id, toInt64(0) AS step, toInt32(0) AS trajectory_count WHERE 0"
-    return traj, steps
+    return Source(traj, steps, False, ("files", trajectory_files))
 
 
 def _common(traj: str, steps: str, lookback: int) -> str:
@@ -91,6 +110,7 @@ def _common(traj: str, steps: str, lookback: int) -> str:
 def attempt_sql(traj: str, steps: str, th: Thresholds) -> str:
     lookback = th.window + KEEP_CLOSED
     tau = float(th.success_threshold)
+    slack = 1e-9 * max(1.0, abs(tau))  # sumKahan is not exactly rounded: Python decides near tau
     return f"""WITH {_common(traj, steps, lookback)},
     attempts AS (
         SELECT run_id, task_id, step, count() AS n, any(gsize) AS gsize, any(close_by) AS close_by,
@@ -108,7 +128,7 @@ def attempt_sql(traj: str, steps: str, th: Thresholds) -> str:
                arraySlice(arrayFilter(b -> (b.2, b.1) < (close_pos, step), before), -{th.window}) AS previous
         FROM windowed)
     SELECT run_id, task_id, step, arrayMap(r -> r.2, rollouts) AS ids, scores, arrayMap(p -> p.4, previous),
-           attempt_score < {tau} AND arrayExists(p -> p.3 >= {tau}, previous) AS forgetting,
+           attempt_score < {tau + slack} AND arrayExists(p -> p.3 >= {tau - slack}, previous) AS forgetting,
            arrayExists(s -> s >= {tau}, scores) AND arrayExists(s -> s < {tau}, scores) AS boundary
     FROM judged WHERE forgetting OR boundary"""
 
@@ -170,10 +190,11 @@ def _evidence(client, ids_table: str, source: tuple[str, object], limits: Eviden
 
 
 def _mean(scores) -> float:
+    """An attempt's score exactly as the reference computes it (ClickHouse has no exactly rounded sum)."""
     return math.fsum(scores) / len(scores)
 
 
-def replay_sql(client, traj: str, steps: str, source: tuple[str, object], thresholds: Thresholds = Thresholds(),
+def replay_sql(client, source: Source, thresholds: Thresholds = Thresholds(),
                limits: EvidenceLimits = EvidenceLimits(), evidence: bool = True) -> tuple[list[Signal], dict]:
     """Every signal of the log, computed in SQL; evidence trajectories fetched for the raised ones.
 
@@ -182,9 +203,13 @@ def replay_sql(client, traj: str, steps: str, source: tuple[str, object], thresh
     th = thresholds
     tag = uuid.uuid4().hex[:8]
     t_traj, t_steps, t_ids = f"replay_traj_{tag}", f"replay_steps_{tag}", f"replay_ids_{tag}"
+    first = source.trajectories if source.unique else f"""SELECT min(pos) AS pos, event_id, any(run_id) AS run_id,
+        any(step) AS step, any(task_id) AS task_id, any(rollout_index) AS rollout_index,
+        any(group_size) AS group_size, any(score) AS score, any(names) AS names
+        FROM ({source.trajectories}) GROUP BY event_id"""
     client.command(f"""CREATE TEMPORARY TABLE {t_traj} ENGINE = Memory AS
-                       SELECT * FROM ({traj}) WHERE isFinite(score) AND group_size >= 1""")
-    client.command(f"CREATE TEMPORARY TABLE {t_steps} ENGINE = Memory AS {steps}")
+                       SELECT * FROM ({first}) WHERE isFinite(score) AND group_size >= 1""")
+    client.command(f"CREATE TEMPORARY TABLE {t_steps} ENGINE = Memory AS {source.steps}")
     try:
         attempts = client.query(attempt_sql(t_traj, t_steps, th)).result_rows
         rare = client.query(rare_sql(t_traj, t_steps, th, limits.rare_trajectories)).result_rows
@@ -194,14 +219,18 @@ def replay_sql(client, traj: str, steps: str, source: tuple[str, object], thresh
             wanted = sorted({i for row in attempts for i in row[3]} | {i for row in rare for i in row[7]})
             client.command(f"CREATE TEMPORARY TABLE {t_ids} (event_id String) ENGINE = Memory")
             client.insert(t_ids, [[i] for i in wanted], column_names=["event_id"])
-            trajectories = _evidence(client, t_ids, source, limits)
-        stats = client.query(f"SELECT count(), countIf(isFinite(score) AND group_size >= 1) FROM ({traj})").result_rows[0]
+            trajectories = _evidence(client, t_ids, source.evidence, limits)
+        stats = client.query(f"SELECT count(), countIf(isFinite(score) AND group_size >= 1) "
+                             f"FROM ({source.trajectories})").result_rows[0]
     finally:
         for table in (t_traj, t_steps, t_ids):
             client.command(f"DROP TEMPORARY TABLE IF EXISTS {table}")
     signals: list[Signal] = []
-    for run_id, task_id, step, ids, scores, previous, forgetting, boundary in attempts:
-        ev = {"scores": list(scores), "attempt_score": _mean(scores), "previous_scores": [_mean(s) for s in previous],
+    tau = th.success_threshold
+    for run_id, task_id, step, ids, scores, previous, candidate, boundary in attempts:
+        score, before = _mean(scores), [_mean(s) for s in previous]
+        forgetting = candidate and score < tau and any(p >= tau for p in before)
+        ev = {"scores": list(scores), "attempt_score": score, "previous_scores": before,
               "trajectories": [trajectories[i] for i in ids if i in trajectories]}
         for kind, raised in (("forgetting", forgetting), ("boundary", boundary)):
             if raised:
