@@ -191,13 +191,24 @@ def replay(
     publish: Optional[str] = typer.Option(None, help="Send the signals to this topic (needs --bootstrap)."),
     compare: Optional[str] = typer.Option(None, help="Diff against a signal JSON-lines file, or a topic."),
     workers: int = typer.Option(1, help="Decoding processes for --input (2 pays off only where decoding dominates pickling)."),
+    engine: str = typer.Option("python", help="python (the reference) or sql (ClickHouse; same signals)."),
+    clickhouse: Optional[str] = typer.Option(None, "--clickhouse", help="Replay from the archive at this URL "
+                                             "(chdb:///dir or a server URL) with the SQL engine."),
 ) -> None:
     """Recompute signals from the event log with any thresholds; print counts and a diff."""
     from coevolve.streams.replay import run_replay
 
-    if not input and not bootstrap:
-        raise typer.BadParameter("give --input PATH or --bootstrap HOST:PORT", param_hint="--input")
+    if not input and not bootstrap and not clickhouse:
+        raise typer.BadParameter("give --input PATH, --bootstrap HOST:PORT or --clickhouse URL", param_hint="--input")
     try:
+        if engine == "sql" or clickhouse:
+            from coevolve.services.archive.sqlcommand import run_sql_replay
+
+            print(run_sql_replay(input, clickhouse, bootstrap, window, success_threshold, rare_threshold,
+                                 pattern_length, output, publish, compare))
+            return
+        if engine != "python":
+            raise ValueError(f"--engine {engine!r}: choose python or sql")
         print(run_replay(input, bootstrap, window, success_threshold, rare_threshold, pattern_length,
                          output, publish, compare, workers))
     except ValueError as exc:

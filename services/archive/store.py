@@ -13,7 +13,7 @@ from clickhouse_connect.driver.exceptions import ClickHouseError
 from coevolve.services.archive.migrations import migrate
 
 
-class ArchiveError(RuntimeError):
+class ArchiveError(ValueError):
     """The archive cannot be opened or is not a CoEvolve archive."""
 
 
