@@ -41,6 +41,9 @@ def run_pipeline(workdir: Path, steps: int, bootstrap: str | None = None) -> dic
             seen = Counter(item.topic for item in consumer.drain(idle_s=1.0))
         finally:
             consumer.close()
+        from coevolve.services.archive.report import archive_and_analyze
+
+        archive_and_analyze(address, workdir)
     for topic in CATALOG:
         print(f"{topic:24s} {seen.get(topic, 0):8d} events")
     return dict(seen)

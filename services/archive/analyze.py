@@ -112,7 +112,7 @@ def forgetting_marks(client, db: str, p: dict, replayed: list | None = None) -> 
 
 
 def rare_patterns(client, db: str, p: dict, top: int = 8) -> View:
-    """The rarest tool calls over the run, and their share of all calls at each step."""
+    """The rarest tool calls over the run, and their share of all calls at each step (0 where unused)."""
     view = View("rare_patterns", "Rarest action patterns: share of calls per step",
                 ["run_id", "pattern", "step", "count", "share"])
     view.rows = _rows(client, f"""
@@ -120,9 +120,10 @@ def rare_patterns(client, db: str, p: dict, top: int = 8) -> View:
                      WHERE run_id IN {{runs:Array(String)}} GROUP BY run_id, step, name),
              rarest AS (SELECT name FROM per GROUP BY name ORDER BY sum(c), name LIMIT {int(top)}),
              totals AS (SELECT run_id, step, sum(c) AS n FROM per GROUP BY run_id, step)
-        SELECT per.run_id, per.name, per.step, per.c, per.c / totals.n FROM per
-        JOIN totals ON per.run_id = totals.run_id AND per.step = totals.step
-        WHERE per.name IN rarest ORDER BY per.run_id, per.name, per.step""", p)
+        SELECT totals.run_id, rarest.name, totals.step, per.c, per.c / totals.n
+        FROM totals CROSS JOIN rarest
+        LEFT JOIN per ON per.run_id = totals.run_id AND per.step = totals.step AND per.name = rarest.name
+        ORDER BY totals.run_id, rarest.name, totals.step""", p)
     if not view.rows:
         view.note = "no actions archived for these runs"
     return view

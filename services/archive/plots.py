@@ -40,6 +40,8 @@ def signals_plot(view, out: Path) -> Path:
         ax.plot(xs, ys, marker="o", ms=3, color=KIND_COLORS.get(kind), label=f"{run}: {kind}",
                 linestyle="-" if run == view.rows[0][0] else "--")
     ax.set(xlabel="training step", ylabel="signals raised", title=view.title)
+    if view.note:
+        ax.set_title(f"{view.title}\n({view.note})", fontsize=9)
     ax.legend(fontsize=8)
     return _save(fig, out / "signals_per_step.png")
 

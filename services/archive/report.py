@@ -27,10 +27,21 @@ def _table(view) -> str:
     return "\n".join(lines)
 
 
+def _replay_if_no_signals(client, database: str) -> list | None:
+    """Signals recomputed in SQL (default thresholds) when the archive holds no SignalRaised events."""
+    from coevolve.services.archive.sqlreplay import archive_source, replay_sql
+
+    if client.query(f"SELECT count() FROM {database}.signals").result_rows[0][0]:
+        return None
+    signals, stats = replay_sql(client, archive_source(database), evidence=False)
+    log.info("analyze.replayed", signals=len(signals), events=stats["events"], seconds=round(stats["seconds"], 3))
+    return signals
+
+
 def run_analyze(client, out: Path, database: str = "coevolve", run_ids: list[str] | None = None,
-                as_json: bool = False, replayed: list | None = None) -> tuple[str, dict]:
+                as_json: bool = False) -> tuple[str, dict]:
     """Compute every view, write the plots and index.html to `out`; return (text, files by view)."""
-    result = analyze(client, database, run_ids, replayed)
+    result = analyze(client, database, run_ids, _replay_if_no_signals(client, database))
     files = draw_all(result, out)
     page = write_html(result, files, out)
     log.info("analyze.written", report=str(out), plots=sum(len(f) for f in files.values()))
@@ -42,3 +53,20 @@ def run_analyze(client, out: Path, database: str = "coevolve", run_ids: list[str
         text = "\n\n".join(_table(v) for v in result["views"].values())
         text += f"\n\nplots: {sum(len(f) for f in files.values())} PNG files and {page}"
     return text, files
+
+
+def archive_and_analyze(bootstrap: str, workdir: Path, idle_s: float = 2.0) -> dict[str, list[Path]]:
+    """Archive everything on the broker into chdb:///<workdir>/clickhouse, then write <workdir>/report/."""
+    from coevolve.services.archive.archiver import Archiver, ArchiverConfig
+    from coevolve.services.archive.store import connect
+
+    cfg = ArchiverConfig(kafka_bootstrap=bootstrap, workdir=workdir, idle_exit_seconds=idle_s, batch_seconds=0.5)
+    client = connect(cfg.url, cfg.database)
+    try:
+        stored = Archiver(cfg, client).run()
+        text, files = run_analyze(client, workdir / "report", cfg.database)
+    finally:
+        client.close()
+    print(f"archived {stored} events into {cfg.url}")
+    print(f"report: {sum(len(f) for f in files.values())} plots in {workdir / 'report'} (index.html)")
+    return files

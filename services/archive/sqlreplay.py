@@ -75,54 +75,85 @@ def file_source(paths: list[Path]) -> Source:
     return Source(traj, steps, False, ("files", trajectory_files))
 
 
-def _common(traj: str, steps: str, lookback: int) -> str:
-    """CTEs shared by the attempt and rare queries: triggers, groups, members.
+def stage_sql(t: dict[str, str], source: Source, th: Thresholds) -> list[tuple[str, str]]:
+    """(table, SELECT) pairs, materialized in order as temporary tables named by `t`."""
+    first = source.trajectories if source.unique else f"""SELECT min(pos) AS pos, event_id, any(run_id) AS run_id,
+        any(step) AS step, any(task_id) AS task_id, any(rollout_index) AS rollout_index,
+        any(group_size) AS group_size, any(score) AS score, any(names) AS names
+        FROM ({source.trajectories}) GROUP BY event_id"""
+    n = th.pattern_length
+    patterns = "names" if n == 1 else (
+        f"arrayMap(i -> arrayStringConcat(arraySlice(names, i, {n}), '{SEP}'), "
+        f"range(1, toUInt64(greatest(length(names) - {n} + 2, 1))))")
+    return [
+        # valid first occurrences, with hashed group (run, task, step) and step (run, step) keys
+        ("traj", f"""SELECT *, cityHash64(run_id, task_id, step) AS gk, cityHash64(run_id, step) AS sk
+            FROM ({first}) WHERE isFinite(score) AND group_size >= 1"""),
+        # each completed step's trigger: the first trajectory of its run with a higher step
+        ("triggers", f"""
+            WITH completions AS (SELECT run_id, step, min(trajectory_count) AS expected
+                                 FROM ({source.steps}) GROUP BY run_id, step),
+            steps_all AS (
+                SELECT run_id, step, min(first_pos) AS first_pos, max(expected) AS expected FROM (
+                    SELECT run_id, step, min(pos) AS first_pos, CAST(NULL, 'Nullable(Int64)') AS expected
+                    FROM {t['traj']} GROUP BY run_id, step
+                    UNION ALL
+                    SELECT run_id, step, toUInt64({INF}), toNullable(toInt64(expected)) FROM completions)
+                GROUP BY run_id, step)
+            SELECT run_id, step, expected,
+                   ifNull(minOrNull(first_pos) OVER (PARTITION BY run_id ORDER BY step DESC
+                          ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), {INF}) AS trigger_pos
+            FROM steps_all"""),
+        # a group closes at its gsize-th rollout or at the first trigger after it opened
+        ("groups", f"""
+            WITH fired AS (SELECT run_id, trigger_pos, 1 AS hit FROM {t['triggers']}
+                           WHERE expected IS NOT NULL AND trigger_pos != {INF}),
+            opened AS (SELECT gk, any(run_id) AS run_id, min(pos) AS p1, argMin(group_size, pos) AS gsize,
+                              arraySort(groupArray(pos)) AS ps
+                       FROM {t['traj']} GROUP BY gk),
+            SELECT o.gk AS gk, o.gsize AS gsize, if(f.hit = 1, f.trigger_pos, {INF}) AS close_by,
+                   least(close_by, if(length(o.ps) >= o.gsize, o.ps[o.gsize] + 1, {INF})) AS cut
+            FROM opened AS o ASOF LEFT JOIN fired AS f ON o.run_id = f.run_id AND o.p1 < f.trigger_pos"""),
+        ("members", f"""SELECT r.*, g.gsize AS gsize, g.close_by AS close_by
+            FROM {t['traj']} AS r INNER JOIN {t['groups']} AS g ON r.gk = g.gk WHERE r.pos < g.cut"""),
+        # rare counts a step's first max(trajectory_count, accepted before its trigger) accepted rollouts
+        ("cuts", f"""
+            WITH lim AS (SELECT sk, count() AS total, arraySort(groupArray(pos)) AS ps FROM {t['members']} GROUP BY sk),
+            trig AS (SELECT cityHash64(run_id, step) AS sk, expected,
+                            if(expected IS NULL, {INF}, trigger_pos) AS trig FROM {t['triggers']}),
+            SELECT l.sk AS sk, t.expected IS NULL OR l.total < t.expected AS incomplete,
+                   if(t.expected IS NULL, {INF},
+                      toUInt64(greatest(t.expected, toInt64(arrayCount(x -> x < t.trig, l.ps))))) AS kk,
+                   if(kk < l.total, l.ps[kk + 1], {INF}) AS cut
+            FROM lim AS l INNER JOIN trig AS t ON l.sk = t.sk"""),
+        ("counted", f"""SELECT m.sk AS sk, m.run_id AS run_id, m.step AS step, m.event_id AS event_id, m.task_id AS task_id,
+                   {patterns.replace('names', 'm.names')} AS patterns, c.incomplete AS incomplete
+            FROM {t['members']} AS m INNER JOIN {t['cuts']} AS c ON m.sk = c.sk WHERE m.pos < c.cut"""),
+    ]
 
-    `traj` holds the valid first occurrences, `steps` the completed-step records (temporary tables)."""
+
+def attempts_sql(members: str) -> str:
+    """Each closed attempt: its rollouts (rollout_index, event_id order), score and close position."""
     return f"""
-    traj AS (SELECT * FROM {traj}),
-    completions AS (SELECT run_id, step, min(trajectory_count) AS expected FROM {steps} GROUP BY run_id, step),
-    steps_all AS (
-        SELECT run_id, step, min(first_pos) AS first_pos, max(expected) AS expected FROM (
-            SELECT run_id, step, min(pos) AS first_pos, CAST(NULL, 'Nullable(Int64)') AS expected
-            FROM traj GROUP BY run_id, step
-            UNION ALL
-            SELECT run_id, step, toUInt64({INF}), toNullable(toInt64(expected)) FROM completions)
-        GROUP BY run_id, step),
-    triggers AS (
-        SELECT run_id, step, expected,
-               ifNull(minOrNull(first_pos) OVER (PARTITION BY run_id ORDER BY step DESC
-                      ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), {INF}) AS trigger_pos
-        FROM steps_all),
-    fired AS (SELECT run_id, trigger_pos, 1 AS hit FROM triggers WHERE expected IS NOT NULL AND trigger_pos != {INF}),
-    opened AS (SELECT run_id, task_id, step, min(pos) AS p1, argMin(group_size, pos) AS gsize
-               FROM traj GROUP BY run_id, task_id, step),
-    grp AS (SELECT o.run_id AS run_id, o.task_id AS task_id, o.step AS step, o.gsize AS gsize,
-                   if(f.hit = 1, f.trigger_pos, {INF}) AS close_by
-            FROM opened AS o ASOF LEFT JOIN fired AS f ON o.run_id = f.run_id AND o.p1 < f.trigger_pos),
-    ranked AS (SELECT t.*, g.gsize AS gsize, g.close_by AS close_by,
-                      row_number() OVER (PARTITION BY t.run_id, t.task_id, t.step ORDER BY t.pos) AS rn
-               FROM traj AS t INNER JOIN grp AS g
-               ON t.run_id = g.run_id AND t.task_id = g.task_id AND t.step = g.step),
-    members AS (SELECT * FROM ranked WHERE pos < close_by AND rn <= gsize)"""
+    SELECT gk, run_id, task_id, step, rollouts, attempt_score, if(n >= gsize, last_pos, close_by) AS close_pos,
+           cityHash64(run_id, task_id) AS tk
+    FROM (SELECT gk, any(run_id) AS run_id, any(task_id) AS task_id, any(step) AS step, count() AS n,
+                 any(gsize) AS gsize, any(close_by) AS close_by, max(pos) AS last_pos,
+                 sumKahan(score) / count() AS attempt_score,
+                 arraySort(x -> (x.1, x.2), groupArray((rollout_index, event_id, score))) AS rollouts
+          FROM {members} GROUP BY gk)"""
 
 
-def attempt_sql(traj: str, steps: str, th: Thresholds) -> str:
+def attempt_sql(attempts: str, th: Thresholds) -> str:
+    """Forgetting candidates and boundary attempts, with the previous attempts' rollout scores."""
     lookback = th.window + KEEP_CLOSED
     tau = float(th.success_threshold)
     slack = 1e-9 * max(1.0, abs(tau))  # sumKahan is not exactly rounded: Python decides near tau
-    return f"""WITH {_common(traj, steps, lookback)},
-    attempts AS (
-        SELECT run_id, task_id, step, count() AS n, any(gsize) AS gsize, any(close_by) AS close_by,
-               max(pos) AS last_pos, sumKahan(score) / count() AS attempt_score,
-               arraySort(x -> (x.1, x.2), groupArray((rollout_index, event_id, score))) AS rollouts
-        FROM members GROUP BY run_id, task_id, step),
-    closed AS (SELECT *, if(n >= gsize, last_pos, close_by) AS close_pos FROM attempts),
+    return f"""WITH
     windowed AS (
         SELECT *, groupArray((step, close_pos, attempt_score, arrayMap(r -> r.3, rollouts))) OVER (
-                      PARTITION BY run_id, task_id ORDER BY step ROWS BETWEEN {lookback} PRECEDING AND 1 PRECEDING)
-                  AS before
-        FROM closed),
+                      PARTITION BY tk ORDER BY step ROWS BETWEEN {lookback} PRECEDING AND 1 PRECEDING) AS before
+        FROM {attempts}),
     judged AS (
         SELECT run_id, task_id, step, rollouts, arrayMap(r -> r.3, rollouts) AS scores, attempt_score,
                arraySlice(arrayFilter(b -> (b.2, b.1) < (close_pos, step), before), -{th.window}) AS previous
@@ -133,34 +164,29 @@ def attempt_sql(traj: str, steps: str, th: Thresholds) -> str:
     FROM judged WHERE forgetting OR boundary"""
 
 
-def rare_sql(traj: str, steps: str, th: Thresholds, keep: int) -> str:
-    n = th.pattern_length
-    if n == 1:
-        patterns = "names"
-    else:
-        patterns = (f"arrayMap(i -> arrayStringConcat(arraySlice(names, i, {n}), '{SEP}'), "
-                    f"range(1, toUInt64(greatest(length(names) - {n} + 2, 1))))")
-    return f"""WITH {_common(traj, steps, 0)},
-    accepted AS (
-        SELECT m.*, tr.expected AS expected, if(tr.expected IS NULL, {INF}, tr.trigger_pos) AS trig,
-               row_number() OVER (PARTITION BY m.run_id, m.step ORDER BY m.pos) AS k,
-               count() OVER (PARTITION BY m.run_id, m.step) AS total
-        FROM members AS m LEFT JOIN triggers AS tr ON m.run_id = tr.run_id AND m.step = tr.step),
-    limited AS (
-        SELECT *, countIf(pos < trig) OVER (PARTITION BY run_id, step) AS k_before FROM accepted),
-    counted AS (
-        SELECT run_id, step, event_id, task_id, names, expected IS NULL OR total < expected AS incomplete
-        FROM limited WHERE expected IS NULL OR toInt64(k) <= greatest(expected, toInt64(k_before))),
-    per_trajectory AS (
-        SELECT run_id, step, event_id, task_id, incomplete, p, count() AS c
-        FROM counted ARRAY JOIN {patterns} AS p GROUP BY run_id, step, event_id, task_id, incomplete, p),
-    per_pattern AS (
-        SELECT run_id, step, p, any(incomplete) AS incomplete, sum(c) AS c,
-               arraySort(groupUniqArray(task_id)) AS task_ids, groupArraySorted({keep})(event_id) AS ids
-        FROM per_trajectory GROUP BY run_id, step, p),
-    totals AS (SELECT *, sum(c) OVER (PARTITION BY run_id, step) AS total FROM per_pattern)
-    SELECT run_id, step, p, incomplete, c, total, task_ids, ids FROM totals
+def rare_counts_sql(counted: str, th: Thresholds) -> str:
+    """(sk, p, c, total) of every rare pattern: 0 < c_p and 100 c_p < theta N."""
+    return f"""
+    SELECT sk, p, c, total FROM (
+        SELECT sk, p, c, sum(c) OVER (PARTITION BY sk) AS total
+        FROM (SELECT sk, p, count() AS c FROM {counted} ARRAY JOIN patterns AS p GROUP BY sk, p))
     WHERE c > 0 AND 100 * c < {float(th.rare_threshold)} * total"""
+
+
+def rare_sql(counted: str, rare: str, keep: int) -> str:
+    """Each rare pattern with its counts, the tasks that used it and the `keep` smallest event ids
+    (keep 0: counts only, for the signal set without evidence)."""
+    if keep == 0:
+        return f"""SELECT s.run_id, s.step, r.p, s.incomplete, r.c, r.total, [], [] FROM {rare} AS r
+            INNER JOIN (SELECT sk, any(run_id) AS run_id, any(step) AS step, any(incomplete) AS incomplete
+                        FROM {counted} GROUP BY sk) AS s ON r.sk = s.sk"""
+    return f"""
+    SELECT any(h.run_id), any(h.step), h.p, any(h.incomplete), any(r.c), any(r.total),
+           arraySort(groupUniqArray(h.task_id)), groupArraySorted({keep})(h.event_id)
+    FROM (SELECT sk, run_id, step, incomplete, event_id, task_id, p FROM {counted}
+          ARRAY JOIN arrayDistinct(patterns) AS p WHERE (sk, p) IN (SELECT sk, p FROM {rare})) AS h
+    INNER JOIN {rare} AS r ON h.sk = r.sk AND h.p = r.p
+    GROUP BY h.sk, h.p"""
 
 
 def _evidence(client, ids_table: str, source: tuple[str, object], limits: EvidenceLimits) -> dict[str, dict]:
@@ -202,28 +228,26 @@ def replay_sql(client, source: Source, thresholds: Thresholds = Thresholds(),
     started = time.perf_counter()
     th = thresholds
     tag = uuid.uuid4().hex[:8]
-    t_traj, t_steps, t_ids = f"replay_traj_{tag}", f"replay_steps_{tag}", f"replay_ids_{tag}"
-    first = source.trajectories if source.unique else f"""SELECT min(pos) AS pos, event_id, any(run_id) AS run_id,
-        any(step) AS step, any(task_id) AS task_id, any(rollout_index) AS rollout_index,
-        any(group_size) AS group_size, any(score) AS score, any(names) AS names
-        FROM ({source.trajectories}) GROUP BY event_id"""
-    client.command(f"""CREATE TEMPORARY TABLE {t_traj} ENGINE = Memory AS
-                       SELECT * FROM ({first}) WHERE isFinite(score) AND group_size >= 1""")
-    client.command(f"CREATE TEMPORARY TABLE {t_steps} ENGINE = Memory AS {source.steps}")
+    t = {name: f"replay_{name}_{tag}" for name in ("traj", "triggers", "groups", "members", "cuts", "counted", "attempts", "rare", "ids")}
     try:
-        attempts = client.query(attempt_sql(t_traj, t_steps, th)).result_rows
-        rare = client.query(rare_sql(t_traj, t_steps, th, limits.rare_trajectories)).result_rows
+        for name, select in stage_sql(t, source, th):
+            client.command(f"CREATE TEMPORARY TABLE {t[name]} ENGINE = Memory AS {select}")
+        client.command(f"CREATE TEMPORARY TABLE {t['attempts']} ENGINE = Memory AS {attempts_sql(t['members'])}")
+        attempts = client.query(attempt_sql(t["attempts"], th)).result_rows
+        client.command(f"CREATE TEMPORARY TABLE {t['rare']} ENGINE = Memory AS {rare_counts_sql(t['counted'], th)}")
+        keep = limits.rare_trajectories if evidence else 0
+        rare = client.query(rare_sql(t["counted"], t["rare"], keep)).result_rows
         sql_seconds = time.perf_counter() - started
         trajectories = {}
         if evidence:
             wanted = sorted({i for row in attempts for i in row[3]} | {i for row in rare for i in row[7]})
-            client.command(f"CREATE TEMPORARY TABLE {t_ids} (event_id String) ENGINE = Memory")
-            client.insert(t_ids, [[i] for i in wanted], column_names=["event_id"])
-            trajectories = _evidence(client, t_ids, source.evidence, limits)
+            client.command(f"CREATE TEMPORARY TABLE {t['ids']} (event_id String) ENGINE = Memory")
+            client.insert(t["ids"], [[i] for i in wanted], column_names=["event_id"])
+            trajectories = _evidence(client, t["ids"], source.evidence, limits)
         stats = client.query(f"SELECT count(), countIf(isFinite(score) AND group_size >= 1) "
                              f"FROM ({source.trajectories})").result_rows[0]
     finally:
-        for table in (t_traj, t_steps, t_ids):
+        for table in t.values():
             client.command(f"DROP TEMPORARY TABLE IF EXISTS {table}")
     signals: list[Signal] = []
     tau = th.success_threshold
