@@ -16,6 +16,17 @@ from tests.integration.archive_helpers import archived_tables, expected_tables, 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
+@pytest.fixture
+def spawned():
+    """Processes the test starts; any still running at the end (a failed test) are killed."""
+    procs: list[subprocess.Popen] = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
 def _archiver(bootstrap: str, url: str, *extra: str) -> subprocess.Popen:
     cmd = [str(Path(sys.executable).with_name("coevolve")), "--log-level", "info", "archiver",
            "--bootstrap", bootstrap, "--clickhouse", url, "--group-id", "crash-test", "--batch-size", "700",
@@ -25,12 +36,13 @@ def _archiver(bootstrap: str, url: str, *extra: str) -> subprocess.Popen:
 
 
 @pytest.mark.timeout(240)
-def test_archiver_killed_mid_batch_restarts_exactly(bootstrap, tmp_path):
+def test_archiver_killed_mid_batch_restarts_exactly(bootstrap, tmp_path, spawned):
     url = f"chdb://{tmp_path}/ch"
     kills = 0
     for run in ("a", "b"):  # each round: new events arrive, the archiver stores a batch and is killed
         publish(SimulationConfig(run_id=f"run-{run}", steps=6, tasks=20, batch_tasks=8, group_size=8), bootstrap)
         proc = _archiver(bootstrap, url, "--idle-exit", "20")
+        spawned.append(proc)
         for line in proc.stderr:  # SIGKILL right after a batch is stored: before or during its commit
             if '"archiver.stored"' in line:
                 os.kill(proc.pid, signal.SIGKILL)
@@ -40,6 +52,7 @@ def test_archiver_killed_mid_batch_restarts_exactly(bootstrap, tmp_path):
         assert proc.returncode == -signal.SIGKILL
     publish(SimulationConfig(run_id="run-c", steps=6, tasks=20, batch_tasks=8, group_size=8), bootstrap)
     final = _archiver(bootstrap, url, "--idle-exit", "2")
+    spawned.append(final)
     _, err = final.communicate(timeout=120)
     assert final.returncode == 0, err[-2000:]
     assert kills == 2

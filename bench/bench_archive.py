@@ -1,0 +1,106 @@
+"""Archive inserts/s (through the broker, and insert-only) and SQL replay events/s over the archive.
+
+    python -m bench.bench_archive [--events N] [--replicas R] [--repeats K]
+
+1. Publishes a simulated run of about N trajectories to the embedded broker (Tansu) and archives it
+   into chDB with the archiver; the rate counts events from the first polled batch to the last stored.
+2. Inserts already-decoded events straight into the archive tables, in batches of 20k events.
+3. Loads a 115k-trajectory Avro log R times (distinct run ids) into a chDB archive and times the SQL
+   replay over it: the signal set (no evidence fetch) and the full output (evidence included).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from bench.common import machine, report
+from coevolve.services.archive.archiver import Archiver, ArchiverConfig, _Batch
+from coevolve.services.archive.importer import import_log
+from coevolve.services.archive.sqlreplay import archive_source, replay_sql
+from coevolve.services.archive.store import connect
+from coevolve.services.broker.embedded import EmbeddedBroker
+from coevolve.services.broker.topics import create_topics
+from coevolve.services.simulate import SimulationConfig, Simulator, publish, write_file
+
+
+class _TimedArchiver(Archiver):
+    first = last = None
+
+    def store(self, batch: _Batch) -> None:
+        self.first = batch.started if self.first is None else min(self.first, batch.started)
+        super().store(batch)
+        self.last = time.monotonic()
+
+
+def bench_through_broker(tmp: Path, events: int) -> None:
+    cfg = SimulationConfig(steps=max(1, events // 128), synthesized_per_step=1)
+    with EmbeddedBroker() as broker:
+        create_topics(broker.bootstrap)
+        counts = publish(cfg, broker.bootstrap)
+        archiver = _TimedArchiver(ArchiverConfig(kafka_bootstrap=broker.bootstrap, clickhouse_url=f"chdb://{tmp}/a",
+                                                 idle_exit_seconds=2.0, group_id=f"bench-{uuid.uuid4().hex[:6]}"))
+        stored = archiver.run()
+    assert stored == sum(counts.values()), (stored, counts)
+    rate = stored / (archiver.last - archiver.first)
+    report("archiver via Tansu (poll+decode+insert)", rate, "events/s", [rate])
+
+
+def bench_insert_only(tmp: Path, events: int, repeats: int) -> None:
+    sim = list(Simulator(SimulationConfig(steps=max(1, events // 128), synthesized_per_step=1)).events())
+    rates = []
+    for r in range(repeats):
+        client = connect(f"chdb://{tmp}/insert{r}")
+        archiver = Archiver(ArchiverConfig(clickhouse_url=f"chdb://{tmp}/insert{r}"), client)
+        start = time.perf_counter()
+        for i in range(0, len(sim), 20_000):
+            batch = _Batch()
+            for offset, (_topic, _key, name, event) in enumerate(sim[i:i + 20_000], start=i):
+                batch.add(name, event, 0, offset)
+            archiver.store(batch)
+        rates.append(len(sim) / (time.perf_counter() - start))
+        client.close()
+    report("archive insert only (rows built + insert)", statistics.median(rates), "events/s", rates)
+
+
+def bench_sql_replay(tmp: Path, replicas: int, repeats: int) -> None:
+    log = tmp / "log" / "run.avro"
+    write_file(SimulationConfig(run_id="bench", steps=300, tasks=60, batch_tasks=48, group_size=8), log)
+    client = connect(f"chdb://{tmp}/replay")
+    try:
+        for r in range(replicas):
+            import_log(client, log, run_suffix=f"-{r}")
+        rows = client.query("SELECT count() FROM coevolve.trajectories FINAL").result_rows[0][0]
+        print(f"archive: {rows} trajectory events ({replicas} x 115,200), "
+              f"{client.query('SELECT count() FROM coevolve.actions').result_rows[0][0]} actions")
+        for label, evidence, runs in (("signal set", False, repeats), ("full output, evidence", True, 1)):
+            rates, signals = [], 0
+            for _ in range(runs):
+                start = time.perf_counter()
+                found, stats = replay_sql(client, archive_source("coevolve"), evidence=evidence)
+                rates.append(stats["events"] / (time.perf_counter() - start))
+                signals = len(found)
+            report(f"SQL replay over archive: {label}", statistics.median(rates), "events/s", rates)
+            print(f"  ({signals} signals)")
+    finally:
+        client.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=100_000, help="trajectories for the archive benchmarks")
+    parser.add_argument("--replicas", type=int, default=9, help="copies of a 115k log in the replay archive")
+    parser.add_argument("--repeats", type=int, default=3)
+    args, _ = parser.parse_known_args()
+    print(f"machine: {machine()}")
+    with tempfile.TemporaryDirectory() as tmp:
+        bench_through_broker(Path(tmp), args.events)
+        bench_insert_only(Path(tmp), args.events, args.repeats)
+        bench_sql_replay(Path(tmp), args.replicas, args.repeats)
+
+
+if __name__ == "__main__":
+    main()
