@@ -4,8 +4,9 @@ Topics (internal ones are prefixed by the app id and co-partitioned with the tra
 - `coevolve.trajectories` and `<app>-step-markers` -> `raise_attempt_signals`, table `task_to_attempts`
   (task_id -> {"p": partition, "runs": {run_id: task state}}): groups, forgetting, boundary.
 - `coevolve.steps` -> `forward_steps`: for each completed step, a marker to every trajectories
-  partition, carrying that partition's end offset (the marker takes effect once every trajectory
-  published before the step event is processed), and the step's trajectory count to the counts topic.
+  partition, and the step's trajectory count to the counts topic. As in replay, a marker takes effect
+  just before the partition's first trajectory of its run with a higher step; if none comes, once the
+  partition has been idle for `marker_idle_s`.
 - `<app>-step-counts`, keyed by step (the group_by of pattern counts) -> `raise_rare_signals`, table
   `step_to_counts` ("run_id\\x1fstep" -> step state): rare, closed by count or by the grace period.
 Every send of a batch is confirmed before its table writes, so a killed worker re-emits (same ids)
@@ -33,6 +34,10 @@ from coevolve.streams.metrics import Metrics
 
 PARTITIONS = TRAJECTORIES.partitions
 SERVICE = "streams"
+# Tansu 0.6 answers ListOffsets(latest) with the last *batch*'s base offset + 1, so a topic written in
+# multi-record batches looks shorter than it is, and Faust's table recovery (which reads changelogs up
+# to that offset) would stop early. One record per batch keeps every end offset exact.
+PRODUCER_BATCH_BYTES = 1
 
 
 def internal_topics(app_id: str) -> dict[str, Topic]:
@@ -53,7 +58,7 @@ def build_app(cfg: StreamsConfig, metrics: Metrics) -> faust.App:
         web_enabled=cfg.web_enabled, web_port=cfg.web_port, web_bind="127.0.0.1", web_host="127.0.0.1",
         topic_partitions=PARTITIONS, table_standby_replicas=0, consumer_auto_offset_reset="earliest",
         producer_acks=-1, topic_allow_declare=False, stream_buffer_maxsize=4 * cfg.batch_size,
-        broker_max_poll_records=cfg.batch_size, producer_max_batch_size=1024 * 1024,
+        broker_max_poll_records=cfg.batch_size, producer_max_batch_size=PRODUCER_BATCH_BYTES,
         producer_linger_ms=2, **FAUST_GROUP_TIMEOUTS_S)
     raw = dict(key_serializer="raw", value_serializer="raw")
     names = internal_topics(cfg.app_id)
@@ -102,10 +107,11 @@ def build_app(cfg: StreamsConfig, metrics: Metrics) -> faust.App:
     @app.agent(trajectories_in)
     async def raise_attempt_signals(stream):
         pending: dict[int, list[dict]] = defaultdict(list)  # partition -> markers not yet applied
-        position: dict[int, int] = {}  # partition -> next trajectory offset to process
+        last_seen: dict[int, float] = {}  # partition -> when its last trajectory was processed
         async for events in stream.take_events(cfg.batch_size, cfg.batch_within_s):
             started = time.perf_counter()
-            now_ms = int(time.time() * 1000)
+            now = time.time()
+            now_ms = int(now * 1000)
             sends: list = []
             writes: dict[str, tuple] = {}
             contributions: dict[tuple, list] = defaultdict(list)
@@ -118,11 +124,8 @@ def build_app(cfg: StreamsConfig, metrics: Metrics) -> faust.App:
                     writes[task_id] = (ev, writes[task_id][1])
                 return writes[task_id][1]
 
-            def apply_markers(p: int, ev: EventT) -> None:
-                due = [m for m in pending[p] if m["end"] <= position.get(p, -1)]
-                if not due:
-                    return
-                pending[p] = [m for m in pending[p] if m["end"] > position.get(p, -1)]
+            def apply_markers(p: int, ev: EventT, due: list[dict]) -> None:
+                pending[p] = [m for m in pending[p] if m not in due]
                 local = {k: v for k, v in task_to_attempts.items() if v.get("p") == p}
                 local.update({k: v for k, (e, v) in writes.items() if v.get("p") == p})
                 for m in sorted(due, key=lambda m: m["step"]):
@@ -139,15 +142,14 @@ def build_app(cfg: StreamsConfig, metrics: Metrics) -> faust.App:
                 last_by_partition[p] = ev
                 if msg.topic == markers_name:
                     try:
-                        pending[p].append(json.loads(ev.value))
+                        marker = json.loads(ev.value)
                     except (TypeError, ValueError) as exc:
                         reject(sends, ev, "malformed", f"step marker is not JSON: {exc}")
-                    apply_markers(p, ev)
+                        continue
+                    if marker.get("kind") != "tick":
+                        pending[p].append({**marker, "arrived": now})
                     continue
-                position[p] = msg.offset  # every offset below this one is processed
-                if pending[p]:
-                    apply_markers(p, ev)
-                position[p] = msg.offset + 1
+                last_seen[p] = now
                 try:
                     name, event = registry.decode(ev.value, msg.topic, p, msg.offset)
                     if name != "TrajectoryRecorded":
@@ -159,6 +161,10 @@ def build_app(cfg: StreamsConfig, metrics: Metrics) -> faust.App:
                 except (sig.InvalidEvent, KeyError, TypeError) as exc:
                     reject(sends, ev, "invalid", str(exc))
                     continue
+                if pending[p]:
+                    due = [m for m in pending[p] if m["run_id"] == r[1] and m["step"] < r[2]]
+                    if due:
+                        apply_markers(p, ev, due)
                 tstate = state_of(r[3], ev)["runs"].setdefault(r[1], sig.new_task_state())
                 outcome, found = sig.record_rollout(tstate, r, th)
                 metrics.trajectories.labels(outcome).inc()
@@ -168,7 +174,10 @@ def build_app(cfg: StreamsConfig, metrics: Metrics) -> faust.App:
                     raised.extend(found)
                     contributions[(r[1], r[2])].append(r)
             for p, ev in last_by_partition.items():
-                apply_markers(p, ev)
+                idle = now - last_seen.get(p, 0.0) >= cfg.marker_idle_s
+                due = [m for m in pending[p] if idle and now - m["arrived"] >= cfg.marker_idle_s]
+                if due:
+                    apply_markers(p, ev, due)
             emit(sends, raised, now_ms)
             for (run_id, step), rollouts in contributions.items():
                 key = step_key(run_id, step)
@@ -197,15 +206,12 @@ def build_app(cfg: StreamsConfig, metrics: Metrics) -> faust.App:
                     reject(sends, ev, err.error_type, str(err))
                 except (sig.InvalidEvent, KeyError, TypeError, ValueError) as exc:
                     reject(sends, ev, "invalid", str(exc))
-            if completed:
-                tps = [faust.types.TP(TRAJECTORIES.name, p) for p in range(PARTITIONS)]
-                ends = await app.consumer.highwaters(*tps)
-                for run_id, step, count in completed:
-                    for tp in tps:
-                        body = json.dumps({"run_id": run_id, "step": step, "end": ends[tp]}).encode()
-                        sends.append((markers, run_id.encode(), body, tp.partition))
-                    body = json.dumps({"kind": "completed", "run_id": run_id, "step": step, "count": count})
-                    sends.append((counts, step_key(run_id, step).encode(), body.encode(), None))
+            for run_id, step, count in completed:
+                for p in range(PARTITIONS):
+                    body = json.dumps({"kind": "completed", "run_id": run_id, "step": step}).encode()
+                    sends.append((markers, run_id.encode(), body, p))
+                body = json.dumps({"kind": "completed", "run_id": run_id, "step": step, "count": count})
+                sends.append((counts, step_key(run_id, step).encode(), body.encode(), None))
             await send_all(sends)
 
     @app.agent(counts)
@@ -253,8 +259,9 @@ def build_app(cfg: StreamsConfig, metrics: Metrics) -> faust.App:
 
     @app.timer(cfg.tick_s)
     async def tick():
+        """Wake every partition's agents, so grace periods and idle markers expire without traffic."""
         tick_body = b'{"kind":"tick"}'
-        await send_all([(counts, b"tick", tick_body, p) for p in range(PARTITIONS)])
+        await send_all([(topic, b"tick", tick_body, p) for topic in (counts, markers) for p in range(PARTITIONS)])
 
     @app.page("/health")
     async def health(web, request):

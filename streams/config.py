@@ -22,7 +22,9 @@ class StreamsConfig:
     rare_trajectories: int = doc(3, "Evidence: trajectories kept per rare pattern (smallest event ids).")
     batch_size: int = doc(2000, "Events an agent takes per batch; tables are written once per batch.")
     batch_within_s: float = doc(0.1, "Longest wait to fill a batch, seconds.")
-    tick_s: float = doc(1.0, "How often the grace period is checked, seconds.")
+    tick_s: float = doc(1.0, "How often the grace period and idle markers are checked, seconds.")
+    marker_idle_s: float = doc(2.0, "A completed step closes its partition's open groups at the first "
+                               "trajectory of a later step, or after the partition is idle this long.")
     web_enabled: bool = doc(True, "Serve /health and /metrics.")
     web_port: int = doc(6066, "Port of /health and /metrics, on 127.0.0.1.")
     datadir: Path = doc(Path(".coevolve/streams"), "Faust's data directory.")

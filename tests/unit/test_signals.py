@@ -172,7 +172,7 @@ def _rare_log(counts: dict[str, int], per_traj=1, n_steps=1):
 
 def test_rare_strictly_below_theta_percent():
     # N = 100: c=4 is rare at theta 5; c=5 is exactly 5% and is not.
-    sigs = replay_signals(_rare_log({"common": 91, "four": 4, "five": 5}))
+    sigs = replay_signals(_rare_log({"common": 91, "four": 4, "five": 5}), limits=EvidenceLimits(rare_trajectories=5))
     rare = [s for s in sigs if s.kind == "rare"]
     assert [s.pattern for s in rare] == [("four",)]
     ev = rare[0].evidence
