@@ -129,8 +129,39 @@ def workdir(tmp_path):
     return tmp_path
 
 
+def drop_rollouts(events: list, victims: set[int]) -> list:
+    """Leave out the trajectories at these indexes (their groups stay short) and lower their step's count."""
+    out, dropped, index = [], {}, 0
+    for topic, key, name, event in events:
+        if name == "TrajectoryRecorded":
+            index += 1
+            if index - 1 in victims:
+                dropped[event["step"]] = dropped.get(event["step"], 0) + 1
+                continue
+        elif name == "StepCompleted" and event["step"] in dropped:
+            event = {**event, "trajectory_count": event["trajectory_count"] - dropped[event["step"]]}
+        out.append((topic, key, name, event))
+    return out
+
+
+def mixed_group_rollout(events: list, step: int) -> int:
+    """The index of a trajectory whose group, at `step`, stays mixed (a boundary) without it."""
+    trajectories = [e for _, _, n, e in events if n == "TrajectoryRecorded"]
+    groups: dict[str, list[int]] = {}
+    for i, e in enumerate(trajectories):
+        if e["step"] == step:
+            groups.setdefault(e["task_id"], []).append(i)
+    for indexes in groups.values():
+        scores = [trajectories[i]["score"] >= 0.5 for i in indexes]
+        if scores.count(True) >= 2 and scores.count(False) >= 2:
+            return indexes[0]
+    raise AssertionError(f"no mixed group at step {step}")
+
+
 def test_live_signals_equal_replay_and_redelivery_changes_nothing(bootstrap, workdir):
+    # two short groups: one in step 0, closed by its step's event; one in the last step, closed when idle
     events = simulated("live", 12, seed=1)
+    events = drop_rollouts(events, {mixed_group_rollout(events, 0), mixed_group_rollout(events, 11)})
     trajectories = [e for e in events if e[2] == "TrajectoryRecorded"]
     redelivered = trajectories[5:40] + trajectories[300:310]  # at-least-once: the same events again
     worker = Worker(bootstrap, f"t-{uuid.uuid4().hex[:8]}", workdir, "w0").start()
@@ -142,6 +173,8 @@ def test_live_signals_equal_replay_and_redelivery_changes_nothing(bootstrap, wor
         expected = expected_from_replay(bootstrap)
         kinds = {s["type"] for s in expected.values()}
         assert kinds == {"forgetting", "boundary", "rare"}
+        short = [s for s in expected.values() if s["type"] == "boundary" and len(s["evidence"]["scores"]) == 7]
+        assert len(short) == 2, "both short groups raise a boundary, so closing by step is covered"
         reader.until(expected, 120, [worker])
         assert_same(reader.by_id(), expected)
         assert len(reader.messages) == len(expected), "an uninterrupted run sends each signal once"
