@@ -27,9 +27,9 @@ def import_log(client, path: Path | str, database: str = "coevolve", run_suffix:
                    group_size, score, success, turn_count, policy_version, prompt, response, prompt_tokens,
                    completion_tokens, produced_at, actions.name, -1, _row_number FROM {src}""")
         client.command(f"""INSERT INTO {db}.actions (event_id, run_id, step, task_id, position, name, arguments,
-            observation, turn, score)
+            observation, turn, score, log_partition, log_offset)
             SELECT concat(event_id, '{run_suffix}'), {run}, step, task_id, i - 1, a.name, a.arguments,
-                   a.observation, a.turn, score
+                   a.observation, a.turn, score, -1, _row_number
             FROM {src} ARRAY JOIN actions AS a, arrayEnumerate(actions) AS i""")
         counts["TrajectoryRecorded"] = client.query(f"SELECT count() FROM {src}").result_rows[0][0]
     steps = files["StepCompleted"]

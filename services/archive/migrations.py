@@ -2,8 +2,8 @@
 
 Append a new version to change a table; never edit an applied one. Every event table is a
 ReplacingMergeTree whose sorting key ends in `event_id`, so a re-inserted event collapses into one row;
-queries read with FINAL (or dedup by `event_id`) and never double-count. A trajectory published twice
-keeps its first log position (`log_rank`), which is what replay's lateness rules look at.
+queries read with FINAL (or dedup by `event_id`) and never double-count. An event published twice
+keeps its first log position (`log_rank`).
 """
 from __future__ import annotations
 
@@ -12,7 +12,10 @@ from coevolve.services.log import get_logger
 log = get_logger("archive")
 
 # Where the row came from in the log: partition and offset (Avro imports: -1 and the record index).
-_ORIGIN = "log_partition Int32, log_offset Int64, archived_at DateTime64(3, 'UTC') DEFAULT now64(3)"
+# log_rank is the ReplacingMergeTree version: the highest rank is the earliest position, so an event
+# published twice keeps its first occurrence, which is what replay's lateness rules look at.
+_ORIGIN = ("log_partition Int32, log_offset Int64, archived_at DateTime64(3, 'UTC') DEFAULT now64(3), "
+           "log_rank UInt64 MATERIALIZED bitNot(bitShiftLeft(toUInt64(log_partition + 1), 44) + toUInt64(log_offset))")
 _UTC = "DateTime64(3, 'UTC')"
 
 V1 = [
@@ -21,45 +24,43 @@ V1 = [
         task_source LowCardinality(String), rollout_index Int32, group_size Int32, score Float64,
         success Bool, turn_count Int32, policy_version Int64, prompt String, response String,
         prompt_tokens Int32, completion_tokens Int32, produced_at {_UTC},
-        action_names Array(LowCardinality(String)), {_ORIGIN},
-        log_rank UInt64 MATERIALIZED bitNot(bitShiftLeft(toUInt64(log_partition + 1), 44) + toUInt64(log_offset))
+        action_names Array(LowCardinality(String)), {_ORIGIN}
     ) ENGINE = ReplacingMergeTree(log_rank) ORDER BY (run_id, step, task_id, event_id)""",
     f"""CREATE TABLE IF NOT EXISTS {{db}}.actions (
         event_id String, run_id LowCardinality(String), step Int64, task_id String, position UInt16,
-        name LowCardinality(String), arguments String, observation String, turn Int32, score Float64,
-        archived_at {_UTC} DEFAULT now64(3)
-    ) ENGINE = ReplacingMergeTree ORDER BY (run_id, step, event_id, position)""",
+        name LowCardinality(String), arguments String, observation String, turn Int32, score Float64, {_ORIGIN}
+    ) ENGINE = ReplacingMergeTree(log_rank) ORDER BY (run_id, step, event_id, position)""",
     f"""CREATE TABLE IF NOT EXISTS {{db}}.steps (
         event_id String, run_id LowCardinality(String), step Int64, trajectory_count Int32,
         policy_version Int64, train_reward Nullable(Float64), eval_score Nullable(Float64),
         loss Nullable(Float64), duration_seconds Nullable(Float64), produced_at {_UTC}, {_ORIGIN}
-    ) ENGINE = ReplacingMergeTree ORDER BY (run_id, step, event_id)""",
+    ) ENGINE = ReplacingMergeTree(log_rank) ORDER BY (run_id, step, event_id)""",
     f"""CREATE TABLE IF NOT EXISTS {{db}}.signals (
         event_id String, kind LowCardinality(String), run_id LowCardinality(String), step Int64,
         subject String, task_id Nullable(String), pattern Array(String), success_threshold Float64,
         window Int32, rare_threshold Float64, pattern_length Int32, incomplete Bool,
         attempt_score Nullable(Float64), scores Array(Float64), previous_scores Array(Float64),
         pattern_count Int64, pattern_total Int64, evidence String, produced_at {_UTC}, {_ORIGIN}
-    ) ENGINE = ReplacingMergeTree ORDER BY (run_id, step, kind, event_id)""",
+    ) ENGINE = ReplacingMergeTree(log_rank) ORDER BY (run_id, step, kind, event_id)""",
     f"""CREATE TABLE IF NOT EXISTS {{db}}.explorations (
         event_id String, run_id LowCardinality(String), step Int64, signal_id Nullable(String),
         signal_kind Nullable(String), task_id String, round Int32, context String,
         tuples Array(Tuple(name String, arguments String, observation String, task_id String)),
         model String, produced_at {_UTC}, {_ORIGIN}
-    ) ENGINE = ReplacingMergeTree ORDER BY (run_id, step, task_id, event_id)""",
+    ) ENGINE = ReplacingMergeTree(log_rank) ORDER BY (run_id, step, task_id, event_id)""",
     f"""CREATE TABLE IF NOT EXISTS {{db}}.tasks (
         event_id String, task_id String, run_id LowCardinality(String), step Int64,
         source LowCardinality(String), verdict LowCardinality(String), reason String, env String,
         instruction_turns Array(String), initial_state String, involved_classes Array(String),
         reference_solution Array(Array(String)), signal_ids Array(String), exploration_ids Array(String),
         validation_score Nullable(Float64), produced_at {_UTC}, {_ORIGIN}
-    ) ENGINE = ReplacingMergeTree ORDER BY (run_id, step, task_id, event_id)""",
+    ) ENGINE = ReplacingMergeTree(log_rank) ORDER BY (run_id, step, task_id, event_id)""",
     f"""CREATE TABLE IF NOT EXISTS {{db}}.deadletters (
         event_id String, source_topic LowCardinality(String), source_partition Nullable(Int32),
         source_offset Nullable(Int64), key Nullable(String), payload String,
         error_type LowCardinality(String), reason String, service LowCardinality(String),
         produced_at {_UTC}, {_ORIGIN}
-    ) ENGINE = ReplacingMergeTree ORDER BY (source_topic, event_id)""",
+    ) ENGINE = ReplacingMergeTree(log_rank) ORDER BY (source_topic, event_id)""",
 ]
 
 MIGRATIONS: list[tuple[int, str, list[str]]] = [

@@ -15,7 +15,7 @@ COLUMNS: dict[str, list[str]] = {
                      "score", "success", "turn_count", "policy_version", "prompt", "response",
                      "prompt_tokens", "completion_tokens", "produced_at", "action_names", *ORIGIN],
     "actions": ["event_id", "run_id", "step", "task_id", "position", "name", "arguments", "observation",
-                "turn", "score"],
+                "turn", "score", *ORIGIN],
     "steps": ["event_id", "run_id", "step", "trajectory_count", "policy_version", "train_reward",
               "eval_score", "loss", "duration_seconds", "produced_at", *ORIGIN],
     "signals": ["event_id", "kind", "run_id", "step", "subject", "task_id", "pattern", "success_threshold",
@@ -34,13 +34,18 @@ TABLE_OF = {"TrajectoryRecorded": "trajectories", "StepCompleted": "steps", "Sig
             "ExplorationRecorded": "explorations", "TaskChecked": "tasks", "DeadLettered": "deadletters"}
 
 
+_FIELDS = {table: cols[:-len(ORIGIN)] for table, cols in COLUMNS.items() if cols[-1] == ORIGIN[-1]}
+_TRAJECTORY_FIELDS = COLUMNS["trajectories"][:-3]
+
+
 def _plain(event: dict, table: str) -> list:
-    return [event[c] for c in COLUMNS[table][:-len(ORIGIN)]]
+    return [event[c] for c in _FIELDS[table]]
 
 
 def _trajectory(event: dict) -> list:
-    names = [a["name"] for a in event["actions"]]
-    return [event[c] for c in COLUMNS["trajectories"][:-3]] + [names]
+    row = [event[c] for c in _TRAJECTORY_FIELDS]
+    row.append([a["name"] for a in event["actions"]])
+    return row
 
 
 def _signal(event: dict) -> list:
@@ -93,6 +98,6 @@ def rows_for(name: str, event: dict, partition: int, offset: int) -> dict[str, l
     out = {TABLE_OF[name]: [mapper(event) + [partition, offset]]}
     if name == "TrajectoryRecorded":
         out["actions"] = [[event["event_id"], event["run_id"], event["step"], event["task_id"], i, a["name"],
-                           a["arguments"], a["observation"], a.get("turn", 0), event["score"]]
+                           a["arguments"], a["observation"], a.get("turn", 0), event["score"], partition, offset]
                           for i, a in enumerate(event["actions"])]
     return out

@@ -34,14 +34,15 @@ def _content(table: str) -> list[str]:
 
 
 def expected_tables(log: list) -> dict[str, set]:
-    """The rows the archive must hold for this log: one per event_id (actions: per event and position)."""
+    """The rows the archive must hold for this log: one per event_id, its first occurrence in (partition,
+    offset) order (actions: one per event and position)."""
     out: dict[str, dict] = {}
-    for item in log:
+    for item in sorted(log, key=lambda d: (d.topic, d.partition, d.offset)):
         for table, rows in rows_for(item.name, item.event, item.partition, item.offset).items():
             width = len(_content(table))
             for row in rows:
                 key = tuple(row[:1]) if table != "actions" else (row[0], row[4])
-                out.setdefault(table, {})[key] = _norm(row[:width])
+                out.setdefault(table, {}).setdefault(key, _norm(row[:width]))
     return {t: set(rows.values()) for t, rows in out.items()}
 
 

@@ -103,7 +103,7 @@ def test_redelivered_batch_does_not_double_count(bootstrap, tmp_path):
     with pytest.raises(RuntimeError, match="crash before commit"):
         _CrashAfterInsert(cfg).run()
     Archiver(cfg).run()  # same group: the uncommitted batch is delivered again and re-inserted
-    # the same events published a second time: duplicates in the log itself
+    # the same events published a second time (new produced_at): duplicates in the log; the first is kept
     with EventProducer(bootstrap) as producer:
         for topic, key, name, event in Simulator(SMALL).events():
             producer.send(topic, event, key=key, record_name=name)
