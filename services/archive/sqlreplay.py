@@ -21,6 +21,8 @@ late for it. Only logs whose attempts close more than 16 steps out of order see 
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
 import time
 import uuid
@@ -77,18 +79,22 @@ def file_source(paths: list[Path]) -> Source:
 
 def stage_sql(t: dict[str, str], source: Source, th: Thresholds) -> list[tuple[str, str]]:
     """(table, SELECT) pairs, materialized in order as temporary tables named by `t`."""
-    first = source.trajectories if source.unique else f"""SELECT min(pos) AS pos, event_id, any(run_id) AS run_id,
-        any(step) AS step, any(task_id) AS task_id, any(rollout_index) AS rollout_index,
-        any(group_size) AS group_size, any(score) AS score, any(names) AS names
+    first = f"SELECT *, toUInt64(1) AS copies FROM ({source.trajectories})" if source.unique else f"""
+        SELECT min(pos) AS pos, event_id, any(run_id) AS run_id, any(step) AS step, any(task_id) AS task_id,
+               any(rollout_index) AS rollout_index, any(group_size) AS group_size, any(score) AS score,
+               any(names) AS names, count() AS copies
         FROM ({source.trajectories}) GROUP BY event_id"""
     n = th.pattern_length
     patterns = "names" if n == 1 else (
         f"arrayMap(i -> arrayStringConcat(arraySlice(names, i, {n}), '{SEP}'), "
         f"range(1, toUInt64(greatest(length(names) - {n} + 2, 1))))")
     return [
-        # valid first occurrences, with hashed group (run, task, step) and step (run, step) keys
-        ("traj", f"""SELECT *, cityHash64(run_id, task_id, step) AS gk, cityHash64(run_id, step) AS sk
-            FROM ({first}) WHERE isFinite(score) AND group_size >= 1"""),
+        # first occurrences (copies: how often each was in the log), then the valid ones with hashed
+        # group (run, task, step) and step (run, step) keys
+        ("first", f"SELECT *, isFinite(score) AND group_size >= 1 AS valid FROM ({first})"),
+        ("traj", f"""SELECT pos, event_id, run_id, step, task_id, rollout_index, group_size, score, names,
+                            cityHash64(run_id, task_id, step) AS gk, cityHash64(run_id, step) AS sk
+            FROM {t['first']} WHERE valid"""),
         # each completed step's trigger: the first trajectory of its run with a higher step
         ("triggers", f"""
             WITH completions AS (SELECT run_id, step, min(trajectory_count) AS expected
@@ -133,35 +139,37 @@ def stage_sql(t: dict[str, str], source: Source, th: Thresholds) -> list[tuple[s
 
 
 def attempts_sql(members: str) -> str:
-    """Each closed attempt: its rollouts (rollout_index, event_id order), score and close position."""
+    """Each closed attempt, as scalars: score (sumKahan), extremes, close position, task key."""
     return f"""
-    SELECT gk, run_id, task_id, step, rollouts, attempt_score, if(n >= gsize, last_pos, close_by) AS close_pos,
+    SELECT gk, run_id, task_id, step, attempt_score, lo, hi, if(n >= gsize, last_pos, close_by) AS close_pos,
            cityHash64(run_id, task_id) AS tk
     FROM (SELECT gk, any(run_id) AS run_id, any(task_id) AS task_id, any(step) AS step, count() AS n,
                  any(gsize) AS gsize, any(close_by) AS close_by, max(pos) AS last_pos,
-                 sumKahan(score) / count() AS attempt_score,
-                 arraySort(x -> (x.1, x.2), groupArray((rollout_index, event_id, score))) AS rollouts
+                 sumKahan(score) / count() AS attempt_score, min(score) AS lo, max(score) AS hi
           FROM {members} GROUP BY gk)"""
 
 
 def attempt_sql(attempts: str, th: Thresholds) -> str:
-    """Forgetting candidates and boundary attempts, with the previous attempts' rollout scores."""
+    """Forgetting candidates and boundary attempts, with the group keys of the previous W attempts."""
     lookback = th.window + KEEP_CLOSED
     tau = float(th.success_threshold)
     slack = 1e-9 * max(1.0, abs(tau))  # sumKahan is not exactly rounded: Python decides near tau
-    return f"""WITH
-    windowed AS (
-        SELECT *, groupArray((step, close_pos, attempt_score, arrayMap(r -> r.3, rollouts))) OVER (
-                      PARTITION BY tk ORDER BY step ROWS BETWEEN {lookback} PRECEDING AND 1 PRECEDING) AS before
-        FROM {attempts}),
-    judged AS (
-        SELECT run_id, task_id, step, rollouts, arrayMap(r -> r.3, rollouts) AS scores, attempt_score,
-               arraySlice(arrayFilter(b -> (b.2, b.1) < (close_pos, step), before), -{th.window}) AS previous
-        FROM windowed)
-    SELECT run_id, task_id, step, arrayMap(r -> r.2, rollouts) AS ids, scores, arrayMap(p -> p.4, previous),
+    return f"""
+    SELECT run_id, task_id, step, gk, arrayMap(p -> p.4, previous),
            attempt_score < {tau + slack} AND arrayExists(p -> p.3 >= {tau - slack}, previous) AS forgetting,
-           arrayExists(s -> s >= {tau}, scores) AND arrayExists(s -> s < {tau}, scores) AS boundary
-    FROM judged WHERE forgetting OR boundary"""
+           hi >= {tau} AND lo < {tau} AS boundary
+    FROM (SELECT *, arraySlice(arrayFilter(b -> (b.2, b.1) < (close_pos, step), before), -{th.window}) AS previous
+          FROM (SELECT *, groupArray((step, close_pos, attempt_score, gk)) OVER (
+                    PARTITION BY tk ORDER BY step ROWS BETWEEN {lookback} PRECEDING AND 1 PRECEDING) AS before
+                FROM {attempts}))
+    WHERE forgetting OR boundary"""
+
+
+def rollouts_sql(members: str, keys: str) -> str:
+    """The rollouts of the listed groups, in (rollout_index, event_id) order, as the reference sorts them."""
+    return f"""
+    SELECT gk, arraySort(x -> (x.1, x.2), groupArray((rollout_index, event_id, score)))
+    FROM {members} WHERE gk IN (SELECT gk FROM {keys}) GROUP BY gk"""
 
 
 def rare_counts_sql(counted: str, th: Thresholds) -> str:
@@ -225,34 +233,57 @@ def replay_sql(client, source: Source, thresholds: Thresholds = Thresholds(),
     """Every signal of the log, computed in SQL; evidence trajectories fetched for the raised ones.
 
     Returns (signals sorted by run, step, kind, subject; stats with events, accepted and seconds)."""
+    with _gc_paused():
+        return _replay_sql(client, source, thresholds, limits, evidence)
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """Pause the cyclic GC while result rows become signals: a million short-lived objects and no
+    cycles, where collections cost about a second per million events."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _replay_sql(client, source: Source, thresholds: Thresholds, limits: EvidenceLimits,
+                evidence: bool) -> tuple[list[Signal], dict]:
     started = time.perf_counter()
     th = thresholds
     tag = uuid.uuid4().hex[:8]
-    t = {name: f"replay_{name}_{tag}" for name in ("traj", "triggers", "groups", "members", "cuts", "counted", "attempts", "rare", "ids")}
+    t = {name: f"replay_{name}_{tag}" for name in ("first", "traj", "triggers", "groups", "members", "cuts",
+                                                  "counted", "attempts", "keys", "rare", "ids")}
     try:
         for name, select in stage_sql(t, source, th):
             client.command(f"CREATE TEMPORARY TABLE {t[name]} ENGINE = Memory AS {select}")
         client.command(f"CREATE TEMPORARY TABLE {t['attempts']} ENGINE = Memory AS {attempts_sql(t['members'])}")
         attempts = client.query(attempt_sql(t["attempts"], th)).result_rows
+        client.command(f"CREATE TEMPORARY TABLE {t['keys']} (gk UInt64) ENGINE = Memory")
+        client.insert(t["keys"], [[k] for k in {k for row in attempts for k in (row[3], *row[4])}], column_names=["gk"])
+        rollouts = dict(client.query(rollouts_sql(t["members"], t["keys"])).result_rows)
         client.command(f"CREATE TEMPORARY TABLE {t['rare']} ENGINE = Memory AS {rare_counts_sql(t['counted'], th)}")
         keep = limits.rare_trajectories if evidence else 0
         rare = client.query(rare_sql(t["counted"], t["rare"], keep)).result_rows
         sql_seconds = time.perf_counter() - started
         trajectories = {}
         if evidence:
-            wanted = sorted({i for row in attempts for i in row[3]} | {i for row in rare for i in row[7]})
+            wanted = sorted({r[1] for row in attempts for r in rollouts[row[3]]} | {i for row in rare for i in row[7]})
             client.command(f"CREATE TEMPORARY TABLE {t['ids']} (event_id String) ENGINE = Memory")
             client.insert(t["ids"], [[i] for i in wanted], column_names=["event_id"])
             trajectories = _evidence(client, t["ids"], source.evidence, limits)
-        stats = client.query(f"SELECT count(), countIf(isFinite(score) AND group_size >= 1) "
-                             f"FROM ({source.trajectories})").result_rows[0]
+        stats = client.query(f"SELECT sum(copies), countIf(valid) FROM {t['first']}").result_rows[0]
     finally:
         for table in t.values():
             client.command(f"DROP TEMPORARY TABLE IF EXISTS {table}")
     signals: list[Signal] = []
     tau = th.success_threshold
-    for run_id, task_id, step, ids, scores, previous, candidate, boundary in attempts:
-        score, before = _mean(scores), [_mean(s) for s in previous]
+    for run_id, task_id, step, gk, previous, candidate, boundary in attempts:
+        ids, scores = [r[1] for r in rollouts[gk]], [r[2] for r in rollouts[gk]]
+        score, before = _mean(scores), [_mean([r[2] for r in rollouts[g]]) for g in previous]
         forgetting = candidate and score < tau and any(p >= tau for p in before)
         ev = {"scores": list(scores), "attempt_score": score, "previous_scores": before,
               "trajectories": [trajectories[i] for i in ids if i in trajectories]}
