@@ -116,6 +116,7 @@ def build_app(cfg: StreamsConfig, metrics: Metrics) -> faust.App:
             writes: dict[str, tuple] = {}
             contributions: dict[tuple, list] = defaultdict(list)
             raised: list[sig.Signal] = []
+            outcomes: dict[str, int] = defaultdict(int)
 
             def state_of(task_id: str, ev: EventT) -> dict:
                 if task_id not in writes:
@@ -167,7 +168,7 @@ def build_app(cfg: StreamsConfig, metrics: Metrics) -> faust.App:
                         apply_markers(p, ev, due)
                 tstate = state_of(r[3], ev)["runs"].setdefault(r[1], sig.new_task_state())
                 outcome, found = sig.record_rollout(tstate, r, th)
-                metrics.trajectories.labels(outcome).inc()
+                outcomes[outcome] += 1
                 if outcome == sig.LATE:
                     reject(sends, ev, "late", f"group (run {r[1]}, task {r[3]}, step {r[2]}) already closed")
                 elif outcome == sig.ACCEPTED:
@@ -188,6 +189,8 @@ def build_app(cfg: StreamsConfig, metrics: Metrics) -> faust.App:
                 sends.append((counts, key.encode(), body, None))
             await send_all(sends)
             write(task_to_attempts, writes)
+            for outcome, n in outcomes.items():
+                metrics.trajectories.labels(outcome).inc(n)
             metrics.batch_seconds.labels("attempts").observe(time.perf_counter() - started)
 
     @app.agent(steps_in)
