@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from coevolve.services.archive.health import serve
 from coevolve.services.archive.rows import COLUMNS, rows_for
-from coevolve.services.archive.store import chdb_url, connect
+from coevolve.services.archive.store import chdb_url, connect, gc_paused
 from coevolve.services.broker.topics import CATALOG
 from coevolve.services.config import ConfigError, doc
 from coevolve.services.log import get_logger
@@ -133,8 +133,9 @@ class Archiver:
             while not self._stop.is_set():
                 items = consumer.poll(0.2)
                 self.last_poll = time.monotonic()
-                for item in items:
-                    batch.add(item.name, item.event, item.partition, item.offset)
+                with gc_paused():
+                    for item in items:
+                        batch.add(item.name, item.event, item.partition, item.offset)
                 if items or not _assigned(consumer):
                     last_event = self.last_poll  # idle time counts from the group join on
                 due = batch.events and (batch.events >= cfg.batch_size
@@ -160,7 +161,8 @@ class Archiver:
         return self.stored_events
 
     def _flush(self, batch: _Batch, consumer) -> None:
-        self.store(batch)
+        with gc_paused():
+            self.store(batch)
         self.commit(consumer)
         self.stored_events += batch.events
         self.m_events.inc(batch.events)

@@ -21,14 +21,13 @@ late for it. Only logs whose attempts close more than 16 steps out of order see 
 """
 from __future__ import annotations
 
-import contextlib
-import gc
 import math
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from coevolve.services.archive.store import gc_paused
 from coevolve.streams.signals import KEEP_CLOSED, EvidenceLimits, Signal, Thresholds
 
 INF = 2**64 - 1
@@ -233,21 +232,8 @@ def replay_sql(client, source: Source, thresholds: Thresholds = Thresholds(),
     """Every signal of the log, computed in SQL; evidence trajectories fetched for the raised ones.
 
     Returns (signals sorted by run, step, kind, subject; stats with events, accepted and seconds)."""
-    with _gc_paused():
+    with gc_paused():  # result rows become signals: many short-lived objects, no cycles
         return _replay_sql(client, source, thresholds, limits, evidence)
-
-
-@contextlib.contextmanager
-def _gc_paused():
-    """Pause the cyclic GC while result rows become signals: a million short-lived objects and no
-    cycles, where collections cost about a second per million events."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def _replay_sql(client, source: Source, thresholds: Thresholds, limits: EvidenceLimits,
