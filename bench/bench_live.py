@@ -19,6 +19,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench.common import machine, report
@@ -138,15 +139,21 @@ def latency_run(args, workdir: Path) -> None:
             with EventProducer(broker.bootstrap, client_id="bench") as producer:
                 publish(producer, warm)
                 await_signals(consumer, warm_expected, 120)
-                sent_at = publish(producer, messages, args.latency_rate)
-            seen = await_signals(consumer, expected, 120)
+                with ThreadPoolExecutor(1) as pool:  # receive while publishing, so arrival times are real
+                    receiving = pool.submit(await_signals, consumer, expected, 120 + args.latency_seconds)
+                    sent_at = publish(producer, messages, args.latency_rate)
+                    seen = receiving.result()
         finally:
             consumer.close()
             stop_workers(workers, args.show_logs, workdir / "latency")
     last: dict[int, float] = {}
     for step, t in seen.values():
         last[step] = max(last.get(step, 0.0), t)
-    delays = sorted(max(0.0, last[s] - sent_at[s]) for s in last if s in sent_at)
+    by_step = [max(0.0, last[s] - sent_at[s]) for s in sorted(last) if s in sent_at]
+    tenth = max(1, len(by_step) // 10)
+    print(f"delay trend: first {tenth} steps median {statistics.median(by_step[:tenth]) * 1000:.0f} ms, "
+          f"last {tenth} steps median {statistics.median(by_step[-tenth:]) * 1000:.0f} ms")
+    delays = sorted(by_step)
     p50 = delays[len(delays) // 2]
     p99 = delays[min(len(delays) - 1, int(0.99 * len(delays)))]
     print(f"latency, {args.workers} worker(s), {args.latency_rate:,.0f} events/s, {len(delays)} steps: "

@@ -25,6 +25,7 @@ class StreamsConfig:
     tick_s: float = doc(1.0, "How often the grace period and idle markers are checked, seconds.")
     marker_idle_s: float = doc(2.0, "A completed step closes its partition's open groups at the first "
                                "trajectory of a later step, or after the partition is idle this long.")
+    fetch_wait_ms: int = doc(50, "Longest a consumer fetch waits for data at the broker (Faust's fixed 1500 is overridden).")
     web_enabled: bool = doc(True, "Serve /health and /metrics.")
     web_port: int = doc(6066, "Port of /health and /metrics, on 127.0.0.1.")
     datadir: Path = doc(Path(".coevolve/streams"), "Faust's data directory.")
