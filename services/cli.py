@@ -127,6 +127,7 @@ def archiver(
     batch_size: Optional[int] = typer.Option(None, help="Events per insert batch."),
     idle_exit: Optional[float] = typer.Option(None, help="Stop after this many idle seconds (0: never)."),
     metrics_port: Optional[int] = typer.Option(None, help="Port of /healthz and /metrics (-1 disables)."),
+    metrics_host: Optional[str] = typer.Option(None, help="Address of /healthz and /metrics (127.0.0.1)."),
 ) -> None:
     """Archive every topic into ClickHouse (tables per event, actions exploded), idempotently."""
     from coevolve.services.archive.archiver import Archiver, ArchiverConfig
@@ -135,7 +136,8 @@ def archiver(
     try:
         cfg = load(ArchiverConfig, "archiver", dict(
             kafka_bootstrap=_require(bootstrap), clickhouse_url=clickhouse, workdir=workdir,
-            group_id=group_id, batch_size=batch_size, idle_exit_seconds=idle_exit, metrics_port=metrics_port))
+            group_id=group_id, batch_size=batch_size, idle_exit_seconds=idle_exit, metrics_port=metrics_port,
+            metrics_host=metrics_host))
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from None
     service = Archiver(cfg)

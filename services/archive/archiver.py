@@ -37,7 +37,8 @@ class ArchiverConfig:
     batch_size: int = doc(20000, "Events per insert; a batch is stored when this full or batch_seconds old.")
     batch_seconds: float = doc(1.0, "Longest time a polled event waits before its batch is stored.")
     idle_exit_seconds: float = doc(0.0, "Stop after this long with nothing to read; 0 runs until signalled.")
-    metrics_port: int = doc(-1, "Port of /healthz and /metrics on 127.0.0.1; 0 picks one, -1 disables.")
+    metrics_port: int = doc(-1, "Port of /healthz and /metrics; 0 picks one, -1 disables.")
+    metrics_host: str = doc("127.0.0.1", "Address /healthz and /metrics listen on (0.0.0.0 in a pod).")
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.batch_seconds <= 0:
@@ -121,7 +122,7 @@ class Archiver:
 
         cfg = self.cfg
         if cfg.metrics_port >= 0:
-            self.server = serve(cfg.metrics_port, self.registry, self.health)
+            self.server = serve(cfg.metrics_port, self.registry, self.health, cfg.metrics_host)
             log.info("archiver.serving", port=self.server.server_address[1])
         deadletters = EventProducer(cfg.kafka_bootstrap, client_id="coevolve-archiver")
         consumer = EventConsumer(cfg.kafka_bootstrap, cfg.topic_list, group_id=cfg.group_id,

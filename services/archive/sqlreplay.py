@@ -3,8 +3,9 @@ over Avro log files that ClickHouse reads directly.
 
 The rules are those of streams/signals.py (the reference), restated as set operations over log
 positions (`pos`: partition and offset in the archive, file and row for files):
-- the first occurrence of an event_id counts; invalid trajectories (non-finite score, group_size < 1)
-  count for nothing;
+- the first occurrence of an event_id counts (an event_id is taken to name one event: the reference
+  tells duplicates apart per group, so two different events sharing an id could differ); invalid
+  trajectories (non-finite score, group_size < 1) count for nothing;
 - a completed-step record (run, s) takes effect at the first trajectory of the run with a step > s (its
   trigger), else at the end of the input;
 - a group (run, task, step) opens at its first rollout p1 and closes at its group_size-th rollout or at
@@ -15,9 +16,12 @@ positions (`pos`: partition and offset in the archive, file and row for files):
   number accepted before its trigger.
 SQL picks every attempt within 1e-9 of tau as a forgetting candidate; the final comparison of the
 means uses math.fsum, as the reference does, because sumKahan is not exactly rounded (a mean of
-exactly tau would otherwise flip). Known difference: the reference forgets a task's closed attempts beyond max(W, 16) and then calls a
-first rollout at or below the forgotten steps late; here that window is W + 16 and nothing is called
-late for it. Only logs whose attempts close more than 16 steps out of order see a difference.
+exactly tau would otherwise flip). Each stage is materialized as a temporary table: inlined CTEs with
+joins ran an order of magnitude slower. Group and step keys are 64-bit hashes of their columns.
+
+Known difference: the reference forgets a task's closed attempts beyond max(W, 16) and then calls a
+first rollout at or below the forgotten steps late; here the look-back is W + 16 attempts and nothing
+is called late for it. Only logs whose attempts close more than 16 steps out of order can differ.
 """
 from __future__ import annotations
 
@@ -79,10 +83,11 @@ def file_source(paths: list[Path]) -> Source:
 def stage_sql(t: dict[str, str], source: Source, th: Thresholds) -> list[tuple[str, str]]:
     """(table, SELECT) pairs, materialized in order as temporary tables named by `t`."""
     first = f"SELECT *, toUInt64(1) AS copies FROM ({source.trajectories})" if source.unique else f"""
-        SELECT min(pos) AS pos, event_id, any(run_id) AS run_id, any(step) AS step, any(task_id) AS task_id,
-               any(rollout_index) AS rollout_index, any(group_size) AS group_size, any(score) AS score,
-               any(names) AS names, count() AS copies
-        FROM ({source.trajectories}) GROUP BY event_id"""
+        SELECT min(at) AS pos, event_id, argMin(run_id, at) AS run_id, argMin(step, at) AS step,
+               argMin(task_id, at) AS task_id, argMin(rollout_index, at) AS rollout_index,
+               argMin(group_size, at) AS group_size, argMin(score, at) AS score, argMin(names, at) AS names,
+               count() AS copies
+        FROM (SELECT *, pos AS at FROM ({source.trajectories})) GROUP BY event_id"""
     n = th.pattern_length
     patterns = "names" if n == 1 else (
         f"arrayMap(i -> arrayStringConcat(arraySlice(names, i, {n}), '{SEP}'), "
