@@ -29,7 +29,10 @@ def connect(url: str, database: str = "coevolve", create: bool = True):
     if url.startswith("chdb:") and not url.startswith(("chdb:///", "chdb://memory")):
         raise ArchiveError(f"{url!r}: use chdb:///absolute/path or chdb://memory")
     if url.startswith("chdb:///"):
-        Path(url.removeprefix("chdb://")).mkdir(parents=True, exist_ok=True)
+        path = Path(url.removeprefix("chdb://"))
+        if not create and not path.is_dir():
+            raise ArchiveError(f"{url}: no such archive directory; archive a run first (`coevolve archiver`)")
+        path.mkdir(parents=True, exist_ok=True)
     try:
         client = clickhouse_connect.get_client(dsn=url)
     except ClickHouseError as exc:
