@@ -15,7 +15,7 @@ from coevolve.services.broker.producer import EventProducer
 from coevolve.services.simulate import SimulationConfig, Simulator, publish
 from tests.integration.archive_helpers import archived_tables, expected_tables, raw_count, read_whole_log
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SMALL = SimulationConfig(steps=3, tasks=10, batch_tasks=4, group_size=4, synthesized_per_step=2)
 NOW = 1_795_000_000_000
 

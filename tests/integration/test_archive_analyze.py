@@ -14,7 +14,7 @@ from coevolve.services.archive.report import archive_and_analyze
 from coevolve.services.broker.producer import EventProducer
 from coevolve.services.simulate import SimulationConfig, Simulator, publish
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 COEVOLVE = str(Path(sys.executable).with_name("coevolve"))
 PLOTS = {"signals_per_step.png", "validation_pass_rate.png", "turn_distribution.png", "reward_eval.png",
          "task_success_sim-run.png", "rare_patterns.png"}
