@@ -17,6 +17,21 @@ class _JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Write to whatever sys.stderr is at the time of the record, not at configuration time."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
 class StructuredLogger:
     """`log.info("event.name", key=value)`: the event name is stable, fields are data."""
 
@@ -43,13 +58,13 @@ class StructuredLogger:
 def configure(level: str = "info") -> None:
     """Send coevolve's logs to stderr as JSON lines at `level` (the CLI's --log-level)."""
     root = logging.getLogger("coevolve")
+    root.setLevel(level.upper())
     if any(getattr(h, "_coevolve", False) for h in root.handlers):
         return
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     handler.setFormatter(_JsonFormatter())
     handler._coevolve = True  # type: ignore[attr-defined]
     root.addHandler(handler)
-    root.setLevel(level.upper())
     root.propagate = False
     logging.Formatter.converter = time.gmtime
 

@@ -64,7 +64,8 @@ class _Task:
     forgetting_depth: float = 0.0
 
     def skill(self, step: int) -> float:
-        base = 1.0 / (1.0 + math.exp(-self.speed * (step - self.onset)))
+        x = max(-60.0, min(60.0, self.speed * (step - self.onset)))  # no overflow on long runs
+        base = 1.0 / (1.0 + math.exp(-x))
         if step <= self.forgetting_until:
             base *= 1.0 - self.forgetting_depth
         return base

@@ -137,7 +137,7 @@ class Archiver:
                 with gc_paused():
                     for item in items:
                         batch.add(item.name, item.event, item.partition, item.offset)
-                if items or not _assigned(consumer):
+                if items or not consumer.assigned():
                     last_event = self.last_poll  # idle time counts from the group join on
                 due = batch.events and (batch.events >= cfg.batch_size
                                         or self.last_poll - batch.started >= cfg.batch_seconds)
@@ -167,8 +167,3 @@ class Archiver:
         self.commit(consumer)
         self.stored_events += batch.events
         self.m_events.inc(batch.events)
-
-
-def _assigned(consumer) -> bool:
-    """Whether the group has handed this member its partitions (kafka-python's assignment())."""
-    return bool(consumer._consumer.assignment())

@@ -97,6 +97,10 @@ class EventConsumer:
         payload = self.registry.encode(item.name, item.event)
         self._dead_letter(item.topic, item.partition, item.offset, item.key, payload, error_type, reason)
 
+    def assigned(self) -> bool:
+        """Whether this consumer holds any partition (a group member may hold none)."""
+        return bool(self._consumer.assignment())
+
     def __iter__(self) -> Iterator[Delivered]:
         while True:
             yield from self.poll()

@@ -87,3 +87,9 @@ def test_output_file_holds_the_same_stream(tmp_path):
     assert Counter(n for n, _ in read) == Counter(counts)
     streamed = [(n, e["event_id"]) for _, _, n, e in Simulator(cfg).events()]
     assert sorted(read) == sorted(streamed)
+
+
+def test_long_runs_do_not_overflow_the_skill_curve():
+    events = _events(tasks=2, batch_tasks=1, group_size=1, steps=2000, synthesized_per_step=0)
+    scores = [e["score"] for _, _, n, e in events if n == "TrajectoryRecorded"]
+    assert len(scores) == 2000 and all(0.0 <= s <= 1.0 for s in scores)
