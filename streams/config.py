@@ -16,7 +16,7 @@ class StreamsConfig:
     window: int = doc(5, "W: previous attempts forgetting looks back on.")
     rare_threshold: float = doc(5.0, "theta, percent: a pattern is rare when 0 < c_p/N < theta/100.")
     pattern_length: int = doc(1, "n: consecutive action names per pattern.")
-    grace_s: float = doc(30.0, "A step not complete this long after its last event closes, flagged incomplete.")
+    grace_s: float = doc(120.0, "A step not complete this long after its last event closes, flagged incomplete.")
     observation_chars: int = doc(200, "Evidence: characters kept of each observation.")
     max_actions: int = doc(64, "Evidence: actions kept per trajectory.")
     rare_trajectories: int = doc(3, "Evidence: trajectories kept per rare pattern (smallest event ids).")
