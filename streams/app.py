@@ -117,6 +117,7 @@ def build_app(cfg: StreamsConfig, metrics: Metrics) -> faust.App:
     async def raise_attempt_signals(stream):
         pending: dict[int, list[dict]] = defaultdict(list)  # partition -> markers not yet applied
         last_seen: dict[int, float] = {}  # partition -> when its last trajectory was processed
+        candidates: dict[tuple, dict] = {}  # (run, step) -> pattern -> smallest event ids sent here
         async for events in stream.take_events(cfg.batch_size, cfg.batch_within_s):
             started = time.perf_counter()
             now = time.time()
@@ -136,6 +137,9 @@ def build_app(cfg: StreamsConfig, metrics: Metrics) -> faust.App:
 
             def apply_markers(p: int, ev: EventT, due: list[dict]) -> None:
                 pending[p] = [m for m in pending[p] if m not in due]
+                for m in due:
+                    for key in [k for k in candidates if k[0] == m["run_id"] and k[1] <= m["step"]]:
+                        del candidates[key]
                 local = {k: v for k, v in task_to_attempts.items() if v.get("p") == p}
                 local.update({k: v for k, (e, v) in writes.items() if v.get("p") == p})
                 for m in sorted(due, key=lambda m: m["step"]):
@@ -191,8 +195,13 @@ def build_app(cfg: StreamsConfig, metrics: Metrics) -> faust.App:
             emit(sends, raised, now_ms)
             for (run_id, step), rollouts in contributions.items():
                 key = step_key(run_id, step)
-                items = [[r[0], r[3], sig.patterns_of(r[7], th.pattern_length)] for r in rollouts]
-                evidence = {r[0]: r[8] for r in rollouts}
+                best = candidates.setdefault((run_id, step), {})
+                items, evidence = [], {}
+                for r in rollouts:
+                    pattern_counts = sig.patterns_of(r[7], th.pattern_length)
+                    items.append([r[0], r[3], pattern_counts])
+                    if sig.offer_candidate(best, r[0], pattern_counts, limits.rare_trajectories):
+                        evidence[r[0]] = r[8]
                 body = json.dumps({"kind": "counts", "run_id": run_id, "step": step, "items": items,
                                    "evidence": evidence}, separators=(",", ":")).encode()
                 sends.append((counts, key.encode(), body, None))
@@ -261,7 +270,7 @@ def build_app(cfg: StreamsConfig, metrics: Metrics) -> faust.App:
                 else:
                     evidence = body["evidence"]
                     for event_id, task_id, pattern_counts in body["items"]:
-                        sig.count_rollout(state, event_id, task_id, pattern_counts, evidence[event_id], limits)
+                        sig.count_rollout(state, event_id, task_id, pattern_counts, evidence.get(event_id), limits)
                 if sig.step_complete(state):
                     raised.extend(sig.close_step(state, body["run_id"], body["step"], th, False))
             emit(sends, raised, int(now * 1000))

@@ -292,6 +292,23 @@ def wants_evidence(state: dict, event_id: str, counts: dict, limits: EvidenceLim
     return False
 
 
+def offer_candidate(best: dict, event_id: str, counts: dict, keep: int) -> bool:
+    """Track, per pattern, the `keep` smallest event ids seen so far (by one sender); return whether
+    this trajectory is among them for some pattern. If not, it cannot be among the smallest of all
+    senders either, so its evidence need not be sent to `count_rollout`."""
+    wanted = False
+    for p in counts:
+        ids = best.get(p)
+        if ids is None:
+            best[p] = [event_id]
+            wanted = keep > 0
+        elif len(ids) < keep or (keep > 0 and event_id < ids[-1]):
+            bisect.insort(ids, event_id)
+            del ids[keep:]
+            wanted = True
+    return wanted
+
+
 def set_trajectory_count(state: dict, count: int) -> None:
     state["expected"] = count
 

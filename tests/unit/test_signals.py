@@ -244,3 +244,12 @@ def test_thresholds_validate():
     for bad in (dict(window=0), dict(pattern_length=0), dict(rare_threshold=101), dict(success_threshold=float("nan"))):
         with pytest.raises(ValueError):
             Thresholds(**bad)
+
+
+def test_offer_candidate_sends_only_what_can_be_among_the_smallest():
+    from coevolve.streams.signals import offer_candidate
+    best: dict = {}
+    assert offer_candidate(best, "e5", {"a": 1}, 2) and offer_candidate(best, "e7", {"a": 1}, 2)
+    assert not offer_candidate(best, "e9", {"a": 1}, 2)  # two smaller ids for its only pattern
+    assert offer_candidate(best, "e9", {"a": 1, "b": 1}, 2)  # first for pattern b
+    assert offer_candidate(best, "e1", {"a": 1}, 2) and best["a"] == ["e1", "e5"]
