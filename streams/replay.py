@@ -137,13 +137,27 @@ def _rollouts(paths: list[Path], limits: EvidenceLimits, pattern_length: int, wo
             yield from chunk
 
 
+def open_topic(bootstrap: str, topic: str, timeout_s: float = 10.0):
+    """An EventConsumer assigned every partition of `topic` from offset zero. EventConsumer assigns
+    the partitions its first metadata lists, which can still be none right after a client starts;
+    retry until some are assigned, rather than read nothing."""
+    from coevolve.services.broker.consumer import EventConsumer
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        consumer = EventConsumer(bootstrap, [topic], service="replay")
+        if consumer._consumer.assignment() or time.monotonic() > deadline:
+            return consumer
+        consumer.close()
+        time.sleep(0.2)
+
+
 def read_topics(bootstrap: str, idle_s: float = 2.0) -> Iterator[tuple[str, dict]]:
     """Every completed-step event, then every trajectory, from offset zero; stop when idle."""
-    from coevolve.services.broker.consumer import EventConsumer
     from coevolve.services.broker.topics import STEPS, TRAJECTORIES
 
     for topic in (STEPS.name, TRAJECTORIES.name):
-        consumer = EventConsumer(bootstrap, [topic], service="replay")
+        consumer = open_topic(bootstrap, topic)
         try:
             items = consumer.drain(idle_s=idle_s)
         finally:
@@ -195,9 +209,7 @@ def read_signal_file(path: Path | str) -> list[dict]:
 
 def read_signal_topic(bootstrap: str, topic: str, idle_s: float = 2.0) -> list[dict]:
     """Every distinct signal on a topic, in JSON form (redeliveries of one id count once)."""
-    from coevolve.services.broker.consumer import EventConsumer
-
-    consumer = EventConsumer(bootstrap, [topic], service="replay")
+    consumer = open_topic(bootstrap, topic)
     try:
         items = consumer.drain(idle_s=idle_s)
     finally:
