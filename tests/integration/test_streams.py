@@ -12,6 +12,7 @@ import struct
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -75,6 +76,16 @@ class Worker:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+    def metrics(self) -> str:
+        """The worker's signals_* counters, for failure messages."""
+        port = self.cmd[self.cmd.index("--web-port") + 1]
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+                text = resp.read().decode()
+        except OSError as exc:
+            return f"no /metrics: {exc}"
+        return " ".join(line for line in text.splitlines() if line.startswith("signals_") and "_total{" in line)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -192,7 +203,8 @@ def test_killed_worker_restarted_mid_stream_yields_the_same_signals(bootstrap, w
         publish(bootstrap, events[:half])
         deadline = time.monotonic() + 180  # Tansu has held a fresh group's first fetches for ~100 s
         while len(reader.messages) < 50:  # both workers are mid-stream
-            assert time.monotonic() < deadline, "no signals from the first half"
+            assert time.monotonic() < deadline, (
+                f"{len(reader.messages)} signals from the first half; workers: {[w.metrics() for w in workers]}")
             reader.messages += [item.event for item in reader.consumer.poll(0.2)]
         workers[0].kill()
         publish(bootstrap, events[half:])
