@@ -146,7 +146,7 @@ def open_topic(bootstrap: str, topic: str, timeout_s: float = 10.0):
     deadline = time.monotonic() + timeout_s
     while True:
         consumer = EventConsumer(bootstrap, [topic], service="replay")
-        if consumer._consumer.assignment() or time.monotonic() > deadline:
+        if consumer.assigned() or time.monotonic() > deadline:
             return consumer
         consumer.close()
         time.sleep(0.2)
