@@ -34,10 +34,10 @@ from coevolve.streams.metrics import Metrics
 
 PARTITIONS = TRAJECTORIES.partitions
 SERVICE = "streams"
-# Tansu 0.6 answers ListOffsets(latest) with the last *batch*'s base offset + 1, so a topic written in
-# multi-record batches looks shorter than it is, and Faust's table recovery (which reads changelogs up
-# to that offset) would stop early. One record per batch keeps every end offset exact.
-PRODUCER_BATCH_BYTES = 1
+# Tansu 0.6 answers ListOffsets(latest) with the last *batch*'s base offset + 1, so nothing here relies
+# on end offsets. (One record per batch would make them exact, but aiokafka then sends one record per
+# partition per round trip, which stalled sends for minutes under load.)
+PRODUCER_BATCH_BYTES = 256 * 1024
 
 
 def internal_topics(app_id: str) -> dict[str, Topic]:
