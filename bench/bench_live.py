@@ -51,7 +51,7 @@ def start_workers(bootstrap: str, n: int, workdir: Path) -> tuple[list[subproces
     for i in range(n):
         ports.append(free_port())
         cmd = [str(Path(sys.executable).with_name("coevolve")), "streams", "worker", "--bootstrap", bootstrap,
-               "--app-id", app_id, "--web-port", str(ports[-1]), "--datadir", str(workdir / f"w{i}")]
+               "--app-id", app_id, "--metrics-port", str(ports[-1]), "--datadir", str(workdir / f"w{i}")]
         log = open(workdir / f"worker{i}.log", "wb")
         procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
     return procs, ports

@@ -113,7 +113,11 @@ def run(
     """Run the loop on the embedded default (today: the data plane on a simulated workload)."""
     from coevolve.services.pipeline import run_pipeline
 
-    run_pipeline(workdir, steps, bootstrap=os.environ.get("KAFKA_BOOTSTRAP"))
+    summary = run_pipeline(workdir, steps, bootstrap=os.environ.get("KAFKA_BOOTSTRAP"))
+    if not summary.signals_agree:
+        print(f"live signals differ from replay; the worker's log is {workdir / 'streams-worker.log'}",
+              file=sys.stderr)
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -154,7 +158,8 @@ app.add_typer(streams_app, name="streams")
 def streams_worker(
     bootstrap: Optional[str] = BootstrapOpt,
     app_id: Optional[str] = typer.Option(None, help="Faust app id (consumer group, table prefix)."),
-    web_port: Optional[int] = typer.Option(None, help="Port of /health and /metrics; 0 disables the web server."),
+    metrics_host: Optional[str] = typer.Option(None, help="Address of /healthz and /metrics (127.0.0.1)."),
+    metrics_port: Optional[int] = typer.Option(None, help="Port of /healthz and /metrics (6066); -1 disables."),
     datadir: Optional[Path] = typer.Option(None, help="Faust's data directory."),
     window: Optional[int] = typer.Option(None, help="W."),
     success_threshold: Optional[float] = typer.Option(None, help="tau."),
@@ -169,9 +174,8 @@ def streams_worker(
 
     overrides = dict(kafka_bootstrap=bootstrap, app_id=app_id, datadir=datadir, window=window,
                      success_threshold=success_threshold, rare_threshold=rare_threshold,
-                     pattern_length=pattern_length, grace_s=grace_s)
-    if web_port is not None:
-        overrides.update(web_port=web_port or 6066, web_enabled=web_port != 0)
+                     pattern_length=pattern_length, grace_s=grace_s, metrics_host=metrics_host,
+                     metrics_port=metrics_port)
     try:
         cfg = load(StreamsConfig, "streams", overrides)
     except ConfigError as exc:

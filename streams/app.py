@@ -64,7 +64,8 @@ def build_app(cfg: StreamsConfig, metrics: Metrics) -> faust.App:
     registry = default_registry()
     app = faust.App(
         cfg.app_id, broker=f"kafka://{cfg.kafka_bootstrap}", store="memory://", datadir=str(cfg.datadir),
-        web_enabled=cfg.web_enabled, web_port=cfg.web_port, web_bind="127.0.0.1", web_host="127.0.0.1",
+        web_enabled=cfg.metrics_port >= 0, web_port=max(cfg.metrics_port, 0), web_bind=cfg.metrics_host,
+        web_host=cfg.metrics_host,
         topic_partitions=PARTITIONS, table_standby_replicas=0, consumer_auto_offset_reset="earliest",
         producer_acks=-1, topic_allow_declare=False, stream_buffer_maxsize=4 * cfg.batch_size,
         broker_max_poll_records=cfg.batch_size, producer_max_batch_size=PRODUCER_BATCH_BYTES,
@@ -285,7 +286,7 @@ def build_app(cfg: StreamsConfig, metrics: Metrics) -> faust.App:
         tick_body = b'{"kind":"tick"}'
         await send_all([(topic, b"tick", tick_body, p) for topic in (counts, markers) for p in range(PARTITIONS)])
 
-    @app.page("/health")
+    @app.page("/healthz")
     async def health(web, request):
         return web.json({"status": "ok", "app_id": cfg.app_id})
 

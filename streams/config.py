@@ -26,8 +26,8 @@ class StreamsConfig:
     marker_idle_s: float = doc(2.0, "A completed step closes its partition's open groups at the first "
                                "trajectory of a later step, or after the partition is idle this long.")
     fetch_wait_ms: int = doc(50, "Longest a consumer fetch waits for data at the broker (Faust's fixed 1500 is overridden).")
-    web_enabled: bool = doc(True, "Serve /health and /metrics.")
-    web_port: int = doc(6066, "Port of /health and /metrics, on 127.0.0.1.")
+    metrics_host: str = doc("127.0.0.1", "Address /healthz and /metrics listen on (0.0.0.0 in a pod).")
+    metrics_port: int = doc(6066, "Port of /healthz and /metrics; -1 disables them.")
     datadir: Path = doc(Path(".coevolve/streams"), "Faust's data directory.")
     log_level: str = doc("warning", "Faust's own log level.")
 

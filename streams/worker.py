@@ -18,5 +18,5 @@ def run_worker(cfg: StreamsConfig) -> None:
     cfg.datadir.mkdir(parents=True, exist_ok=True)
     app = build_app(cfg, Metrics())
     log.info("streams.worker.starting", app_id=cfg.app_id, bootstrap=cfg.kafka_bootstrap,
-             web_port=cfg.web_port if cfg.web_enabled else None, thresholds=cfg.thresholds().as_record())
+             metrics_port=cfg.metrics_port if cfg.metrics_port >= 0 else None, thresholds=cfg.thresholds().as_record())
     faust.Worker(app, loglevel=cfg.log_level, quiet=True).execute_from_commandline()

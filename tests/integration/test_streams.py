@@ -53,7 +53,7 @@ class Worker:
 
     def __init__(self, bootstrap: str, app_id: str, workdir: Path, name: str, grace_s: float = 600):
         self.cmd = [str(Path(sys.executable).with_name("coevolve")), "streams", "worker", "--bootstrap", bootstrap,
-                    "--app-id", app_id, "--web-port", str(free_port()), "--datadir", str(workdir / name),
+                    "--app-id", app_id, "--metrics-port", str(free_port()), "--datadir", str(workdir / name),
                     "--grace-s", str(grace_s)]
         self.log = workdir / f"{name}.log"
         self.proc: subprocess.Popen | None = None
@@ -79,7 +79,7 @@ class Worker:
 
     def metrics(self) -> str:
         """The worker's signals_* counters, for failure messages."""
-        port = self.cmd[self.cmd.index("--web-port") + 1]
+        port = self.cmd[self.cmd.index("--metrics-port") + 1]
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
                 text = resp.read().decode()
