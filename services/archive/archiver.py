@@ -81,14 +81,14 @@ class Archiver:
         self.stored_events = 0
         self.last_poll = time.monotonic()
         self.registry = CollectorRegistry()
-        self.m_rows = Counter("coevolve_archiver_rows", "Rows inserted, by table.", ["table"],
+        self.m_rows = Counter("archiver_rows", "Rows inserted, by table.", ["table"],
                               registry=self.registry)
-        self.m_events = Counter("coevolve_archiver_events", "Events stored and committed.", registry=self.registry)
-        self.m_batch = Histogram("coevolve_archiver_batch_seconds", "Insert time of one batch.",
+        self.m_events = Counter("archiver_events", "Events stored and committed.", registry=self.registry)
+        self.m_batch = Histogram("archiver_batch_seconds", "Insert time of one batch.",
                                  registry=self.registry)
-        self.m_commit = Gauge("coevolve_archiver_last_commit_timestamp_seconds",
+        self.m_commit = Gauge("archiver_last_commit_timestamp_seconds",
                               "Unix time of the last offset commit.", registry=self.registry)
-        self.m_dead = Gauge("coevolve_archiver_dead_lettered", "Undecodable messages sent to the dead-letter topic.",
+        self.m_dead = Gauge("archiver_dead_lettered", "Undecodable messages sent to the dead-letter topic.",
                             registry=self.registry)
         self.server = None
 

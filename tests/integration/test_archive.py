@@ -71,7 +71,7 @@ def test_every_event_type_lands_with_health_and_metrics(bootstrap, tmp_path):
     thread.join(60)
     assert not thread.is_alive()
     assert health["status"] == "ok" and health["stored_events"] > 0
-    assert 'coevolve_archiver_rows_total{table="trajectories"}' in metrics
+    assert 'archiver_rows_total{table="trajectories"}' in metrics
 
     log = read_whole_log(bootstrap)
     client = connect(f"chdb://{tmp_path}/ch", create=False)
