@@ -241,27 +241,37 @@ def report(result: ReplayResult, compare: list[dict] | None = None) -> str:
     return "\n".join(lines)
 
 
-def run_replay(inputs: list[Path] | None, bootstrap: str | None, window: int, success_threshold: float,
-               rare_threshold: float, pattern_length: int, output: Path | None, publish: str | None,
-               compare: str | None, workers: int = 1) -> str:
-    """The `coevolve replay` command: replay, write or publish, and return the report."""
-    thresholds = Thresholds(success_threshold, window, rare_threshold, pattern_length)
+def load_reference(compare: str | None, bootstrap: str | None, publish: str | None) -> list[dict] | None:
+    """Check the output flags and read the `--compare` signals (a JSON-lines file, or a topic)."""
     if publish and not bootstrap:
         raise ValueError("--publish needs --bootstrap HOST:PORT")
-    reference = None
-    if compare is not None:
-        if Path(compare).exists():
-            reference = read_signal_file(compare)
-        elif bootstrap:
-            reference = read_signal_topic(bootstrap, compare)
-        else:
-            raise ValueError(f"--compare {compare}: no such file (for a topic, give --bootstrap)")
-    if inputs:
-        result = replay_files(inputs, thresholds, workers=workers)
-    else:
-        result = replay_topics(bootstrap, thresholds)
+    if compare is None:
+        return None
+    if Path(compare).exists():
+        return read_signal_file(compare)
+    if bootstrap:
+        return read_signal_topic(bootstrap, compare)
+    raise ValueError(f"--compare {compare}: no such file (for a topic, give --bootstrap)")
+
+
+def deliver(result: ReplayResult, output: Path | None, publish: str | None, bootstrap: str | None,
+            reference: list[dict] | None) -> str:
+    """Write and publish a replay's signals as asked; return the report."""
     if output is not None:
         write_jsonl(result.signals, output)
     if publish:
         publish_signals(result.signals, bootstrap, publish)
     return report(result, reference)
+
+
+def run_replay(inputs: list[Path] | None, bootstrap: str | None, window: int, success_threshold: float,
+               rare_threshold: float, pattern_length: int, output: Path | None, publish: str | None,
+               compare: str | None, workers: int = 1) -> str:
+    """The `coevolve replay` command: replay, write or publish, and return the report."""
+    thresholds = Thresholds(success_threshold, window, rare_threshold, pattern_length)
+    reference = load_reference(compare, bootstrap, publish)
+    if inputs:
+        result = replay_files(inputs, thresholds, workers=workers)
+    else:
+        result = replay_topics(bootstrap, thresholds)
+    return deliver(result, output, publish, bootstrap, reference)
