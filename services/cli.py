@@ -1,7 +1,6 @@
 """The `coevolve` command: one Typer app, a subcommand per service or tool."""
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import time
@@ -109,11 +108,13 @@ def simulate(
 def run(
     workdir: Path = typer.Option(Path(".coevolve"), help="Where the run keeps its archive and report."),
     steps: int = typer.Option(12, help="Simulated training steps."),
+    bootstrap: Optional[str] = typer.Option(None, "--bootstrap", envvar="KAFKA_BOOTSTRAP",
+                                            help="Use this broker instead of starting the embedded one."),
 ) -> None:
     """Run the loop on the embedded default (today: the data plane on a simulated workload)."""
     from coevolve.services.pipeline import run_pipeline
 
-    summary = run_pipeline(workdir, steps, bootstrap=os.environ.get("KAFKA_BOOTSTRAP"))
+    summary = run_pipeline(workdir, steps, bootstrap=bootstrap)
     if not summary.signals_agree:
         print(f"live signals differ from replay; the worker's log is {workdir / 'streams-worker.log'}",
               file=sys.stderr)

@@ -4,9 +4,6 @@ Tansu (the embedded broker) lets a consumer group join only after the rebalance 
 left behind by a killed process holds the next join for its session timeout. Short timeouts keep joins
 at a second or two; they are fine on a real cluster too, for these small, fast consumers.
 """
-import os
-
-DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 
 GROUP_TIMEOUTS_MS = {
     "session_timeout_ms": 6000,
@@ -21,8 +18,3 @@ FAUST_GROUP_TIMEOUTS_S = {
     "broker_max_poll_interval": 10.0,
     "broker_rebalance_timeout": 10.0,
 }
-
-
-def bootstrap_from_env(default: str | None = None) -> str | None:
-    """The bootstrap address from KAFKA_BOOTSTRAP, or `default`."""
-    return os.environ.get("KAFKA_BOOTSTRAP") or default
