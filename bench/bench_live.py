@@ -29,7 +29,6 @@ from coevolve.services.broker.embedded import EmbeddedBroker, free_port
 from coevolve.services.broker.producer import EventProducer
 from coevolve.services.broker.topics import SIGNALS, create_topics
 from coevolve.services.simulate import SimulationConfig, Simulator
-from coevolve.streams.replay import open_topic
 from coevolve.streams.signals import replay_signals
 
 STEP_SIZE = 16 * 8  # trajectories per step with the simulator's defaults
@@ -108,7 +107,7 @@ def throughput_run(args, repeat: int, workdir: Path) -> float:
         create_topics(broker.bootstrap)
         with EventProducer(broker.bootstrap, client_id="bench") as producer:
             publish(producer, messages)
-        consumer = open_topic(broker.bootstrap, SIGNALS.name)
+        consumer = EventConsumer(broker.bootstrap, [SIGNALS.name], service="bench")
         workers, ports = start_workers(broker.bootstrap, args.workers, workdir / f"r{repeat}")
         try:
             deadline = time.monotonic() + 120
@@ -134,7 +133,7 @@ def latency_run(args, workdir: Path) -> None:
     messages, expected = simulate("latency", steps)
     with EmbeddedBroker() as broker:
         create_topics(broker.bootstrap)
-        consumer = open_topic(broker.bootstrap, SIGNALS.name)
+        consumer = EventConsumer(broker.bootstrap, [SIGNALS.name], service="bench")
         workers, _ports = start_workers(broker.bootstrap, args.workers, workdir / "latency")
         try:
             with EventProducer(broker.bootstrap, client_id="bench") as producer:

@@ -18,6 +18,17 @@ app.add_typer(topics_app, name="topics")
 
 BootstrapOpt = typer.Option(None, "--bootstrap", envvar="KAFKA_BOOTSTRAP",
                             help="Kafka bootstrap address HOST:PORT (default: $KAFKA_BOOTSTRAP).")
+MetricsHostOpt = typer.Option(None, help="Address of /healthz and /metrics (127.0.0.1; 0.0.0.0 in a pod).")
+
+
+def _load(cls, service: str, overrides: dict):
+    """A service's config from defaults, environment and flags; a bad value is a usage error."""
+    from coevolve.services.config import ConfigError, load
+
+    try:
+        return load(cls, service, overrides)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 @app.callback()
@@ -132,19 +143,15 @@ def archiver(
     batch_size: Optional[int] = typer.Option(None, help="Events per insert batch."),
     idle_exit: Optional[float] = typer.Option(None, help="Stop after this many idle seconds (0: never)."),
     metrics_port: Optional[int] = typer.Option(None, help="Port of /healthz and /metrics (-1 disables)."),
-    metrics_host: Optional[str] = typer.Option(None, help="Address of /healthz and /metrics (127.0.0.1)."),
+    metrics_host: Optional[str] = MetricsHostOpt,
 ) -> None:
     """Archive every topic into ClickHouse (tables per event, actions exploded), idempotently."""
     from coevolve.services.archive.archiver import Archiver, ArchiverConfig
-    from coevolve.services.config import ConfigError, load
 
-    try:
-        cfg = load(ArchiverConfig, "archiver", dict(
-            kafka_bootstrap=_require(bootstrap), clickhouse_url=clickhouse, workdir=workdir,
-            group_id=group_id, batch_size=batch_size, idle_exit_seconds=idle_exit, metrics_port=metrics_port,
-            metrics_host=metrics_host))
-    except ConfigError as exc:
-        raise typer.BadParameter(str(exc)) from None
+    cfg = _load(ArchiverConfig, "archiver", dict(
+        kafka_bootstrap=_require(bootstrap), clickhouse_url=clickhouse, workdir=workdir,
+        group_id=group_id, batch_size=batch_size, idle_exit_seconds=idle_exit, metrics_port=metrics_port,
+        metrics_host=metrics_host))
     service = Archiver(cfg)
     signal.signal(signal.SIGTERM, lambda *_: service.stop())
     signal.signal(signal.SIGINT, lambda *_: service.stop())
@@ -159,7 +166,7 @@ app.add_typer(streams_app, name="streams")
 def streams_worker(
     bootstrap: Optional[str] = BootstrapOpt,
     app_id: Optional[str] = typer.Option(None, help="Faust app id (consumer group, table prefix)."),
-    metrics_host: Optional[str] = typer.Option(None, help="Address of /healthz and /metrics (127.0.0.1)."),
+    metrics_host: Optional[str] = MetricsHostOpt,
     metrics_port: Optional[int] = typer.Option(None, help="Port of /healthz and /metrics (6066); -1 disables."),
     datadir: Optional[Path] = typer.Option(None, help="Faust's data directory."),
     window: Optional[int] = typer.Option(None, help="W."),
@@ -169,19 +176,13 @@ def streams_worker(
     grace_s: Optional[float] = typer.Option(None, help="Seconds before an unfinished step closes, incomplete."),
 ) -> None:
     """Run one signal-processor worker (start any number; they share the partitions by task)."""
-    from coevolve.services.config import ConfigError, load
     from coevolve.streams.config import StreamsConfig
     from coevolve.streams.worker import run_worker
 
-    overrides = dict(kafka_bootstrap=bootstrap, app_id=app_id, datadir=datadir, window=window,
-                     success_threshold=success_threshold, rare_threshold=rare_threshold,
-                     pattern_length=pattern_length, grace_s=grace_s, metrics_host=metrics_host,
-                     metrics_port=metrics_port)
-    try:
-        cfg = load(StreamsConfig, "streams", overrides)
-    except ConfigError as exc:
-        raise typer.BadParameter(str(exc)) from None
-    run_worker(cfg)
+    run_worker(_load(StreamsConfig, "streams", dict(
+        kafka_bootstrap=bootstrap, app_id=app_id, datadir=datadir, window=window,
+        success_threshold=success_threshold, rare_threshold=rare_threshold, pattern_length=pattern_length,
+        grace_s=grace_s, metrics_host=metrics_host, metrics_port=metrics_port)))
 
 
 @app.command()

@@ -67,9 +67,7 @@ def signal_worker(bootstrap: str, workdir: Path):
 
 def wait_for_signals(bootstrap: str, expected: set[str], timeout_s: float) -> set[str]:
     """Collect signal ids from coevolve.signals until every expected one arrived, or the timeout."""
-    from coevolve.streams.replay import open_topic
-
-    consumer = open_topic(bootstrap, SIGNALS.name)
+    consumer = EventConsumer(bootstrap, [SIGNALS.name], service="run")
     seen: set[str] = set()
     deadline = time.monotonic() + timeout_s
     try:

@@ -137,19 +137,15 @@ def _rollouts(paths: list[Path], limits: EvidenceLimits, pattern_length: int, wo
             yield from chunk
 
 
-def open_topic(bootstrap: str, topic: str, timeout_s: float = 10.0):
-    """An EventConsumer assigned every partition of `topic` from offset zero. EventConsumer assigns
-    the partitions its first metadata lists, which can still be none right after a client starts;
-    retry until some are assigned, rather than read nothing."""
+def read_topic(bootstrap: str, topic: str, idle_s: float = 2.0) -> list:
+    """Every decodable event on `topic` from offset zero, until it is idle for `idle_s`."""
     from coevolve.services.broker.consumer import EventConsumer
 
-    deadline = time.monotonic() + timeout_s
-    while True:
-        consumer = EventConsumer(bootstrap, [topic], service="replay")
-        if consumer.assigned() or time.monotonic() > deadline:
-            return consumer
+    consumer = EventConsumer(bootstrap, [topic], service="replay")
+    try:
+        return consumer.drain(idle_s=idle_s)
+    finally:
         consumer.close()
-        time.sleep(0.2)
 
 
 def read_topics(bootstrap: str, idle_s: float = 2.0) -> Iterator[tuple[str, dict]]:
@@ -157,11 +153,7 @@ def read_topics(bootstrap: str, idle_s: float = 2.0) -> Iterator[tuple[str, dict
     from coevolve.services.broker.topics import STEPS, TRAJECTORIES
 
     for topic in (STEPS.name, TRAJECTORIES.name):
-        consumer = open_topic(bootstrap, topic)
-        try:
-            items = consumer.drain(idle_s=idle_s)
-        finally:
-            consumer.close()
+        items = read_topic(bootstrap, topic, idle_s)
         items.sort(key=lambda d: (d.partition, d.offset))
         for item in items:
             yield item.name, item.event
@@ -209,13 +201,8 @@ def read_signal_file(path: Path | str) -> list[dict]:
 
 def read_signal_topic(bootstrap: str, topic: str, idle_s: float = 2.0) -> list[dict]:
     """Every distinct signal on a topic, in JSON form (redeliveries of one id count once)."""
-    consumer = open_topic(bootstrap, topic)
-    try:
-        items = consumer.drain(idle_s=idle_s)
-    finally:
-        consumer.close()
     seen: dict[str, dict] = {}
-    for item in items:
+    for item in read_topic(bootstrap, topic, idle_s):
         if item.name == "SignalRaised":
             seen.setdefault(item.event["event_id"], Signal.from_record(item.event).to_json())
     return list(seen.values())

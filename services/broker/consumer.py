@@ -43,12 +43,14 @@ class EventConsumer:
     """Poll topics, decode each message, and send undecodable ones to the dead-letter topic.
 
     With `group_id` it joins a consumer group (offsets committed by `commit()`); without, it reads
-    every partition from the beginning (replay, tests).
+    every partition from the beginning (replay, tests). A new client's first metadata can still list
+    no partitions, so the assignment waits up to `metadata_timeout_s` for every topic's partitions.
     """
 
     def __init__(self, bootstrap: str, topics: list[str], group_id: str | None = None,
                  service: str = "consumer", registry: SchemaRegistry | None = None,
-                 deadletters: EventProducer | None = None, from_beginning: bool = True):
+                 deadletters: EventProducer | None = None, from_beginning: bool = True,
+                 metadata_timeout_s: float = 10.0):
         self.registry = registry or default_registry()
         self.service = service
         self.deadletters = deadletters
@@ -59,15 +61,21 @@ class EventConsumer:
                       fetch_max_bytes=64 * 1024 * 1024)
         if group_id is None:
             self._consumer = KafkaConsumer(**common)
-            parts = []
-            for topic in topics:
-                ids = self._consumer.partitions_for_topic(topic) or set()
-                parts += [TopicPartition(topic, p) for p in sorted(ids)]
+            parts = self._partitions(topics, metadata_timeout_s)
             self._consumer.assign(parts)
             if from_beginning and parts:
                 self._consumer.seek_to_beginning(*parts)
         else:
             self._consumer = KafkaConsumer(*topics, group_id=group_id, **common, **GROUP_TIMEOUTS_MS)
+
+    def _partitions(self, topics: list[str], timeout_s: float) -> list[TopicPartition]:
+        """Every partition of `topics`, waiting for metadata that lists them; what is known at the deadline."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            known = {t: self._consumer.partitions_for_topic(t) or set() for t in topics}
+            if all(known.values()) or time.monotonic() > deadline:
+                return [TopicPartition(t, p) for t in topics for p in sorted(known[t])]
+            time.sleep(0.2)
 
     def poll(self, timeout_s: float = 1.0) -> list[Delivered]:
         """Return the next batch of decoded events; dead-letter the rest."""

@@ -23,7 +23,8 @@ from coevolve.services.broker.embedded import free_port
 from coevolve.services.broker.producer import EventProducer
 from coevolve.services.broker.topics import DEADLETTER, SIGNALS, STEPS, TRAJECTORIES
 from coevolve.services.simulate import SimulationConfig, Simulator
-from coevolve.streams.replay import open_topic, replay_topics
+from coevolve.services.broker.consumer import EventConsumer
+from coevolve.streams.replay import replay_topics
 from coevolve.streams.signals import Signal
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -95,7 +96,7 @@ class SignalReader:
     """Every SignalRaised message on coevolve.signals so far, in arrival order."""
 
     def __init__(self, bootstrap: str):
-        self.consumer = open_topic(bootstrap, SIGNALS.name)
+        self.consumer = EventConsumer(bootstrap, [SIGNALS.name], service="test")
         self.messages: list[dict] = []
 
     def until(self, expected: dict[str, dict], timeout_s: float, workers=()) -> None:
@@ -234,7 +235,7 @@ def test_bad_input_is_dead_lettered_and_the_stream_goes_on_and_grace_closes_a_st
     after[-1] = (*after[-1][:3], {**after[-1][3], "trajectory_count": after[-1][3]["trajectory_count"] + 5})
     worker = Worker(bootstrap, f"t-{uuid.uuid4().hex[:8]}", workdir, "w0", grace_s=8).start()
     reader = SignalReader(bootstrap)
-    dead = open_topic(bootstrap, DEADLETTER.name)
+    dead = EventConsumer(bootstrap, [DEADLETTER.name], service="test")
     try:
         publish(bootstrap, before, raw)
         publish(bootstrap, after)
