@@ -2,7 +2,8 @@
 
 Topics (internal ones are prefixed by the app id and co-partitioned with the trajectories topic):
 - `coevolve.trajectories` and `<app>-step-markers` -> `raise_attempt_signals`, table `task_to_attempts`
-  (task_id -> {"p": partition, "runs": {run_id: task state}}): groups, forgetting, boundary.
+  (task_id -> {"p": partition, "runs": {run_id: task state}}): groups, forgetting, boundary. Markers
+  not yet applied wait in table `partition_to_markers` (partition -> markers), so a restart keeps them.
 - `coevolve.steps` -> `forward_steps`: for each completed step, a marker to every trajectories
   partition, and the step's trajectory count to the counts topic. As in replay, a marker takes effect
   just before the partition's first trajectory of its run with a higher step; if none comes, once the
@@ -26,6 +27,7 @@ from faust.types import EventT
 
 from coevolve.schemas import DecodeError, default_registry
 from coevolve.services.broker.consumer import dead_letter
+from coevolve.services.broker.offsets import true_end_offsets
 from coevolve.services.broker.settings import FAUST_GROUP_TIMEOUTS_S
 from coevolve.services.broker.topics import DEADLETTER, SIGNALS, STEPS, TRAJECTORIES, Topic
 from coevolve.streams import signals as sig
@@ -34,9 +36,9 @@ from coevolve.streams.metrics import Metrics
 
 PARTITIONS = TRAJECTORIES.partitions
 SERVICE = "streams"
-# Tansu 0.6 answers ListOffsets(latest) with the last *batch*'s base offset + 1, so nothing here relies
-# on end offsets. (One record per batch would make them exact, but aiokafka then sends one record per
-# partition per round trip, which stalled sends for minutes under load.)
+# Tansu 0.6 answers ListOffsets(latest) with the last *batch*'s base offset + 1; table recovery reads
+# changelogs up to probed true ends (see exact_highwaters). One record per batch would make the reported
+# ends exact, but aiokafka then sends one record per partition per round trip, which stalled sends.
 PRODUCER_BATCH_BYTES = 256 * 1024
 
 
@@ -59,6 +61,17 @@ def shorten_fetch_wait(app: faust.App, ms: int) -> None:
         fetcher._fetch_max_wait_ms = ms
 
 
+def exact_highwaters(app: faust.App, bootstrap: str) -> None:
+    """Table recovery reads each changelog up to its highwater; a short one loses the tail of the state."""
+    consumer = app.consumer
+    reported_highwaters = consumer.highwaters
+
+    async def highwaters(*tps):
+        return await asyncio.to_thread(true_end_offsets, bootstrap, await reported_highwaters(*tps))
+
+    consumer.highwaters = highwaters
+
+
 def build_app(cfg: StreamsConfig, metrics: Metrics) -> faust.App:
     th, limits = cfg.thresholds(), cfg.limits()
     registry = default_registry()
@@ -70,6 +83,7 @@ def build_app(cfg: StreamsConfig, metrics: Metrics) -> faust.App:
         producer_acks=-1, topic_allow_declare=False, stream_buffer_maxsize=4 * cfg.batch_size,
         broker_max_poll_records=cfg.batch_size, producer_max_batch_size=PRODUCER_BATCH_BYTES,
         producer_linger_ms=2, **FAUST_GROUP_TIMEOUTS_S)
+    exact_highwaters(app, cfg.kafka_bootstrap)
     raw = dict(key_serializer="raw", value_serializer="raw")
     names = internal_topics(cfg.app_id)
     markers_name, counts_name = names["markers"].name, names["counts"].name
@@ -82,6 +96,7 @@ def build_app(cfg: StreamsConfig, metrics: Metrics) -> faust.App:
     as_json = faust.Schema(key_type=str, key_serializer="json", value_serializer="json")
     task_to_attempts = app.Table("task_to_attempts", partitions=PARTITIONS, schema=as_json)
     step_to_counts = app.Table("step_to_counts", partitions=PARTITIONS, schema=as_json)
+    partition_to_markers = app.Table("partition_to_markers", partitions=PARTITIONS, schema=as_json)
 
     async def send_all(sends: list) -> None:
         """Send, then wait until the broker has confirmed every message."""
@@ -116,7 +131,6 @@ def build_app(cfg: StreamsConfig, metrics: Metrics) -> faust.App:
 
     @app.agent(trajectories_in)
     async def raise_attempt_signals(stream):
-        pending: dict[int, list[dict]] = defaultdict(list)  # partition -> markers not yet applied
         last_seen: dict[int, float] = {}  # partition -> when its last trajectory was processed
         candidates: dict[tuple, dict] = {}  # (run, step) -> pattern -> smallest event ids sent here
         async for events in stream.take_events(cfg.batch_size, cfg.batch_within_s):
@@ -128,6 +142,12 @@ def build_app(cfg: StreamsConfig, metrics: Metrics) -> faust.App:
             contributions: dict[tuple, list] = defaultdict(list)
             raised: list[sig.Signal] = []
             outcomes: dict[str, int] = defaultdict(int)
+            pending: dict[int, list[dict]] = {}  # partition -> markers not yet applied (a table, read once)
+
+            def pending_of(p: int) -> list[dict]:
+                if p not in pending:
+                    pending[p] = list(partition_to_markers.get(str(p)) or [])
+                return pending[p]
 
             def state_of(task_id: str, ev: EventT) -> dict:
                 if task_id not in writes:
@@ -162,7 +182,7 @@ def build_app(cfg: StreamsConfig, metrics: Metrics) -> faust.App:
                         reject(sends, ev, "malformed", f"step marker is not JSON: {exc}")
                         continue
                     if marker.get("kind") != "tick":
-                        pending[p].append({**marker, "arrived": now})
+                        pending_of(p).append({**marker, "arrived": now})
                     continue
                 last_seen[p] = now
                 try:
@@ -176,7 +196,7 @@ def build_app(cfg: StreamsConfig, metrics: Metrics) -> faust.App:
                 except (sig.InvalidEvent, KeyError, TypeError) as exc:
                     reject(sends, ev, "invalid", str(exc))
                     continue
-                if pending[p]:
+                if pending_of(p):
                     due = [m for m in pending[p] if m["run_id"] == r[1] and m["step"] < r[2]]
                     if due:
                         apply_markers(p, ev, due)
@@ -190,7 +210,7 @@ def build_app(cfg: StreamsConfig, metrics: Metrics) -> faust.App:
                     contributions[(r[1], r[2])].append(r)
             for p, ev in last_by_partition.items():
                 idle = now - last_seen.get(p, 0.0) >= cfg.marker_idle_s
-                due = [m for m in pending[p] if idle and now - m["arrived"] >= cfg.marker_idle_s]
+                due = [m for m in pending_of(p) if idle and now - m["arrived"] >= cfg.marker_idle_s]
                 if due:
                     apply_markers(p, ev, due)
             emit(sends, raised, now_ms)
@@ -208,6 +228,8 @@ def build_app(cfg: StreamsConfig, metrics: Metrics) -> faust.App:
                 sends.append((counts, key.encode(), body, None))
             await send_all(sends)
             write(task_to_attempts, writes)
+            write(partition_to_markers, {str(p): (last_by_partition[p], markers) for p, markers in pending.items()
+                                         if markers != (partition_to_markers.get(str(p)) or [])})
             for outcome, n in outcomes.items():
                 metrics.trajectories.labels(outcome).inc(n)
             metrics.batch_seconds.labels("attempts").observe(time.perf_counter() - started)

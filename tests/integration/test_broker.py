@@ -13,6 +13,7 @@ from kafka.admin import NewTopic
 from coevolve.schemas import EVENTS, default_registry
 from coevolve.services.broker.consumer import EventConsumer
 from coevolve.services.broker.embedded import free_port
+from coevolve.services.broker.offsets import true_end_offsets
 from coevolve.services.broker.producer import DeliveryError, EventProducer
 from coevolve.services.broker.topics import CATALOG, DEADLETTER, create_topics
 from tests.events import sample_events
@@ -171,3 +172,21 @@ def test_a_send_that_cannot_start_also_reports_what_was_queued_before_it(broker)
     with pytest.raises(DeliveryError) as info:
         producer.send("coevolve.never-created", dict(template, event_id="new"), record_name="StepCompleted")
     assert sorted(info.value.undelivered) == sorted([e["event_id"] for e in queued] + ["new"])
+
+
+def test_true_end_offsets_count_every_record_of_a_partitions_last_batch(broker):
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    admin.create_topics([NewTopic("ends", 2, 1)])
+    admin.close()
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=50)
+    for batch in (10, 5):  # two batches on partition 0; partition 1 stays empty
+        for i in range(batch):
+            producer.send("ends", b"v", partition=0)
+        producer.flush()
+    producer.close()
+    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap)
+    tps = [TopicPartition("ends", 0), TopicPartition("ends", 1)]
+    reported = consumer.end_offsets(tps)
+    consumer.close()
+    assert true_end_offsets(broker.bootstrap, reported) == {tps[0]: 15, tps[1]: 0}
+    assert true_end_offsets(broker.bootstrap, {tps[0]: 15}) == {tps[0]: 15}, "a correct end stays as it is"

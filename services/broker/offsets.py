@@ -1,0 +1,45 @@
+"""True end offsets, for brokers that report them short.
+
+Tansu 0.6 answers ListOffsets(latest) with the *last batch's base offset + 1*, so a partition whose last
+batch holds k records reports an end k - 1 too low. Anything that reads "up to the end" (Faust's table
+recovery among them) then stops short and silently loses the tail. A fetch from `reported - 1` returns
+that whole last batch, whose last offset + 1 is the true end. On a broker that reports ends correctly the
+probe finds nothing beyond them and changes nothing.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import TypeVar
+
+from kafka import KafkaConsumer, TopicPartition
+
+TP = TypeVar("TP", bound=tuple)
+PROBE_TIMEOUT_S = 5.0
+
+
+def true_end_offsets(bootstrap: str, reported: Mapping[TP, int | None],
+                     timeout_s: float = PROBE_TIMEOUT_S) -> dict[TP, int | None]:
+    """`reported` end offsets ((topic, partition) -> end), raised to one past each partition's last record."""
+    ends = dict(reported)
+    probe = {TopicPartition(tp[0], tp[1]): tp for tp, end in reported.items() if end}
+    if not probe:
+        return ends
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                             client_id="coevolve-end-offsets", max_poll_records=1_000_000)
+    try:
+        consumer.assign(list(probe))
+        for ktp, tp in probe.items():
+            consumer.seek(ktp, reported[tp] - 1)
+        waiting = set(probe)
+        deadline = time.monotonic() + timeout_s
+        while waiting and time.monotonic() < deadline:
+            for ktp, records in consumer.poll(timeout_ms=200).items():
+                if records:
+                    tp = probe[ktp]
+                    ends[tp] = max(ends[tp], records[-1].offset + 1)
+                    waiting.discard(ktp)
+                    consumer.pause(ktp)
+    finally:
+        consumer.close()
+    return ends
