@@ -199,6 +199,8 @@ def replay(
     publish: Optional[str] = typer.Option(None, help="Send the signals to this topic (needs --bootstrap)."),
     compare: Optional[str] = typer.Option(None, help="Diff against a signal JSON-lines file, or a topic."),
     workers: int = typer.Option(1, help="Decoding processes for --input (2 pays off only where decoding dominates pickling)."),
+    evidence: bool = typer.Option(True, "--evidence/--no-evidence", help="Write each signal's evidence into "
+                                  "--output; without it, the SQL engine formats the lines in ClickHouse (fastest)."),
     engine: str = typer.Option("python", help="python (the reference) or sql (ClickHouse; same signals)."),
     clickhouse: Optional[str] = typer.Option(None, "--clickhouse", help="Replay from the archive at this URL "
                                              "(chdb:///dir or a server URL) with the SQL engine."),
@@ -213,12 +215,12 @@ def replay(
             from coevolve.services.archive.sqlcommand import run_sql_replay
 
             print(run_sql_replay(input, clickhouse, bootstrap, window, success_threshold, rare_threshold,
-                                 pattern_length, output, publish, compare))
+                                 pattern_length, output, publish, compare, evidence=evidence))
             return
         if engine != "python":
             raise ValueError(f"--engine {engine!r}: choose python or sql")
         print(run_replay(input, bootstrap, window, success_threshold, rare_threshold, pattern_length,
-                         output, publish, compare, workers))
+                         output, publish, compare, workers, evidence))
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
 

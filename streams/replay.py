@@ -172,11 +172,11 @@ def replay_topics(bootstrap: str, thresholds: Thresholds = Thresholds(),
                         replayer.invalid)
 
 
-def write_jsonl(signals: Iterable[Signal], path: Path | str) -> int:
+def write_jsonl(signals: Iterable[Signal], path: Path | str, evidence: bool = True) -> int:
     n = 0
     with open(path, "w") as fh:
         for s in signals:
-            fh.write(json.dumps(s.to_json(), separators=(",", ":")) + "\n")
+            fh.write(json.dumps(s.to_json(evidence), separators=(",", ":")) + "\n")
             n += 1
     return n
 
@@ -242,10 +242,10 @@ def load_reference(compare: str | None, bootstrap: str | None, publish: str | No
 
 
 def deliver(result: ReplayResult, output: Path | None, publish: str | None, bootstrap: str | None,
-            reference: list[dict] | None) -> str:
+            reference: list[dict] | None, evidence: bool = True) -> str:
     """Write and publish a replay's signals as asked; return the report."""
     if output is not None:
-        write_jsonl(result.signals, output)
+        write_jsonl(result.signals, output, evidence)
     if publish:
         publish_signals(result.signals, bootstrap, publish)
     return report(result, reference)
@@ -253,7 +253,7 @@ def deliver(result: ReplayResult, output: Path | None, publish: str | None, boot
 
 def run_replay(inputs: list[Path] | None, bootstrap: str | None, window: int, success_threshold: float,
                rare_threshold: float, pattern_length: int, output: Path | None, publish: str | None,
-               compare: str | None, workers: int = 1) -> str:
+               compare: str | None, workers: int = 1, evidence: bool = True) -> str:
     """The `coevolve replay` command: replay, write or publish, and return the report."""
     thresholds = Thresholds(success_threshold, window, rare_threshold, pattern_length)
     reference = load_reference(compare, bootstrap, publish)
@@ -261,4 +261,4 @@ def run_replay(inputs: list[Path] | None, bootstrap: str | None, window: int, su
         result = replay_files(inputs, thresholds, workers=workers)
     else:
         result = replay_topics(bootstrap, thresholds)
-    return deliver(result, output, publish, bootstrap, reference)
+    return deliver(result, output, publish, bootstrap, reference, evidence)

@@ -108,11 +108,13 @@ class Signal:
         ev.update(self.evidence)
         return ev
 
-    def to_json(self) -> dict:
-        return {"id": self.id, "type": self.kind, "run_id": self.run_id, "step": self.step,
-                "subject": self.subject, "task_id": self.task_id, "pattern": list(self.pattern),
-                "incomplete": self.incomplete, "thresholds": self.thresholds.as_record(),
-                "evidence": self.full_evidence()}
+    def to_json(self, evidence: bool = True) -> dict:
+        out = {"id": self.id, "type": self.kind, "run_id": self.run_id, "step": self.step,
+               "subject": self.subject, "task_id": self.task_id, "pattern": list(self.pattern),
+               "incomplete": self.incomplete, "thresholds": self.thresholds.as_record()}
+        if evidence:
+            out["evidence"] = self.full_evidence()
+        return out
 
     def to_record(self, produced_at_ms: int) -> dict:
         return {"event_id": self.id, "kind": self.kind, "run_id": self.run_id, "step": self.step,

@@ -10,16 +10,18 @@ from pathlib import Path
 
 import clickhouse_connect
 
+from coevolve.services.archive.sqllines import replay_sql_lines
 from coevolve.services.archive.sqlreplay import archive_source, file_source, replay_sql
 from coevolve.services.archive.store import connect
 from coevolve.streams.replay import ReplayResult, deliver, load_reference
-from coevolve.streams.signals import Thresholds
+from coevolve.streams.signals import KINDS, Thresholds
 
 
 def run_sql_replay(inputs: list[Path] | None, clickhouse: str | None, bootstrap: str | None, window: int,
                    success_threshold: float, rare_threshold: float, pattern_length: int, output: Path | None,
-                   publish: str | None, compare: str | None, database: str = "coevolve") -> str:
-    """Replay in ClickHouse SQL; return the same report `coevolve replay` prints."""
+                   publish: str | None, compare: str | None, database: str = "coevolve", evidence: bool = True) -> str:
+    """Replay in ClickHouse SQL; return the same report `coevolve replay` prints. Without evidence, and
+    with nothing to publish or compare, ClickHouse formats the output lines itself."""
     thresholds = Thresholds(success_threshold, window, rare_threshold, pattern_length)
     if bool(inputs) == bool(clickhouse):
         raise ValueError("--engine sql reads either --input FILES (embedded chDB) or --clickhouse URL (the archive)")
@@ -28,9 +30,27 @@ def run_sql_replay(inputs: list[Path] | None, clickhouse: str | None, bootstrap:
         clickhouse_connect.get_client(dsn="chdb://memory")
     try:
         source = archive_source(database) if clickhouse else file_source(inputs)
-        signals, stats = replay_sql(client, source, thresholds)
+        if not evidence and not publish and reference is None:
+            return _lines_report(*replay_sql_lines(client, source, thresholds), output)
+        signals, stats = replay_sql(client, source, thresholds, evidence=evidence)
     finally:
         client.close()
-    result = ReplayResult(signals, stats["events"], stats["seconds"],
-                          {"engine": "sql", "valid": stats["valid"], "sql_seconds": round(stats["sql_seconds"], 3)})
-    return deliver(result, output, publish, bootstrap, reference)
+    result = ReplayResult(signals, stats["events"], stats["seconds"], _outcomes(stats))
+    return deliver(result, output, publish, bootstrap, reference, evidence)
+
+
+def _outcomes(stats: dict) -> dict:
+    return {"engine": "sql", "valid": stats["valid"], "sql_seconds": round(stats["sql_seconds"], 3)}
+
+
+def _lines_report(body: bytes, stats: dict, output: Path | None) -> str:
+    """Write the lines ClickHouse formatted; report as `report` does, counting kinds in the text."""
+    if output is not None:
+        Path(output).write_bytes(body)
+    seconds = stats["seconds"]
+    counts = {kind: body.count(b'","type":"%s","' % kind.encode()) for kind in KINDS}
+    rate = stats["events"] / seconds if seconds else 0.0
+    return "\n".join([f"replayed {stats['events']} trajectory events in {seconds:.2f} s ({rate:,.0f}/s); "
+                      + " ".join(f"{k}={v}" for k, v in _outcomes(stats).items()),
+                      "signals: " + " ".join(f"{k}={v}" for k, v in counts.items())
+                      + f" total={sum(counts.values())}"])

@@ -17,7 +17,7 @@ positions (`pos`: partition and offset in the archive, file and row for files):
 SQL picks every attempt within 1e-9 of tau as a forgetting candidate; the final comparison of the
 means uses math.fsum, as the reference does, because sumKahan is not exactly rounded (a mean of
 exactly tau would otherwise flip). Each stage is materialized as a temporary table: inlined CTEs with
-joins ran an order of magnitude slower. Group and step keys are 64-bit hashes of their columns.
+joins ran an order of magnitude slower. Group, step and pattern keys are 64-bit hashes of their columns.
 
 Known difference: the reference forgets a task's closed attempts beyond max(W, 16) and then calls a
 first rollout at or below the forgotten steps late; here the look-back is W + 16 attempts and nothing
@@ -25,6 +25,7 @@ is called late for it. Only logs whose attempts close more than 16 steps out of 
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import uuid
@@ -105,8 +106,9 @@ def stage_sql(t: dict[str, str], source: Source, th: Thresholds) -> list[tuple[s
                                  FROM ({source.steps}) GROUP BY run_id, step),
             steps_all AS (
                 SELECT run_id, step, min(first_pos) AS first_pos, max(expected) AS expected FROM (
-                    SELECT run_id, step, min(pos) AS first_pos, CAST(NULL, 'Nullable(Int64)') AS expected
-                    FROM {t['traj']} GROUP BY run_id, step
+                    SELECT any(run_id) AS run_id, any(step) AS step, min(pos) AS first_pos,
+                           CAST(NULL, 'Nullable(Int64)') AS expected
+                    FROM {t['traj']} GROUP BY sk
                     UNION ALL
                     SELECT run_id, step, toUInt64({INF}), toNullable(toInt64(expected)) FROM completions)
                 GROUP BY run_id, step)
@@ -128,10 +130,11 @@ def stage_sql(t: dict[str, str], source: Source, th: Thresholds) -> list[tuple[s
             FROM {t['traj']} AS r INNER JOIN {t['groups']} AS g ON r.gk = g.gk WHERE r.pos < g.cut"""),
         # rare counts a step's first max(trajectory_count, accepted before its trigger) accepted rollouts
         ("cuts", f"""
-            WITH lim AS (SELECT sk, count() AS total, arraySort(groupArray(pos)) AS ps FROM {t['members']} GROUP BY sk),
+            WITH lim AS (SELECT sk, any(run_id) AS run_id, any(step) AS step, count() AS total,
+                                arraySort(groupArray(pos)) AS ps FROM {t['members']} GROUP BY sk),
             trig AS (SELECT cityHash64(run_id, step) AS sk, expected,
                             if(expected IS NULL, {INF}, trigger_pos) AS trig FROM {t['triggers']}),
-            SELECT l.sk AS sk, t.expected IS NULL OR l.total < t.expected AS incomplete,
+            SELECT l.sk AS sk, l.run_id AS run_id, l.step AS step, t.expected IS NULL OR l.total < t.expected AS incomplete,
                    if(t.expected IS NULL, {INF},
                       toUInt64(greatest(t.expected, toInt64(arrayCount(x -> x < t.trig, l.ps))))) AS kk,
                    if(kk < l.total, l.ps[kk + 1], {INF}) AS cut
@@ -154,14 +157,16 @@ def attempts_sql(members: str) -> str:
 
 
 def attempt_sql(attempts: str, th: Thresholds) -> str:
-    """Forgetting candidates and boundary attempts, with the group keys of the previous W attempts."""
+    """Forgetting candidates and boundary attempts, with the group keys and (sumKahan) scores of the
+    previous W attempts; `near`: a score within the slack of tau, which only an exact mean decides."""
     lookback = th.window + KEEP_CLOSED
     tau = float(th.success_threshold)
     slack = 1e-9 * max(1.0, abs(tau))  # sumKahan is not exactly rounded: Python decides near tau
     return f"""
     SELECT run_id, task_id, step, gk, arrayMap(p -> p.4, previous),
            attempt_score < {tau + slack} AND arrayExists(p -> p.3 >= {tau - slack}, previous) AS forgetting,
-           hi >= {tau} AND lo < {tau} AS boundary
+           hi >= {tau} AND lo < {tau} AS boundary, attempt_score, arrayMap(p -> p.3, previous),
+           abs(attempt_score - {tau}) <= {slack} OR arrayExists(p -> abs(p.3 - {tau}) <= {slack}, previous) AS near
     FROM (SELECT *, arraySlice(arrayFilter(b -> (b.2, b.1) < (close_pos, step), before), -{th.window}) AS previous
           FROM (SELECT *, groupArray((step, close_pos, attempt_score, gk)) OVER (
                     PARTITION BY tk ORDER BY step ROWS BETWEEN {lookback} PRECEDING AND 1 PRECEDING) AS before
@@ -181,7 +186,8 @@ def rare_counts_sql(counted: str, th: Thresholds) -> str:
     return f"""
     SELECT sk, p, c, total FROM (
         SELECT sk, p, c, sum(c) OVER (PARTITION BY sk) AS total
-        FROM (SELECT sk, p, count() AS c FROM {counted} ARRAY JOIN patterns AS p GROUP BY sk, p))
+        FROM (SELECT sk, cityHash64(x) AS h, any(x) AS p, count() AS c FROM {counted}
+              ARRAY JOIN patterns AS x GROUP BY sk, h))
     WHERE c > 0 AND 100 * c < {float(th.rare_threshold)} * total"""
 
 
@@ -241,22 +247,48 @@ def replay_sql(client, source: Source, thresholds: Thresholds = Thresholds(),
         return _replay_sql(client, source, thresholds, limits, evidence)
 
 
-def _replay_sql(client, source: Source, thresholds: Thresholds, limits: EvidenceLimits,
-                evidence: bool) -> tuple[list[Signal], dict]:
-    started = time.perf_counter()
-    th = thresholds
+STAGES = ("first", "traj", "triggers", "groups", "members", "cuts", "counted", "attempts", "keys", "rare", "ids",
+          "raised")
+
+
+@contextlib.contextmanager
+def materialized(client, source: Source, th: Thresholds):
+    """Every stage of `stage_sql`, the closed attempts and the rare counts as temporary tables; yields
+    their names (`t`), and drops them all afterwards."""
     tag = uuid.uuid4().hex[:8]
-    t = {name: f"replay_{name}_{tag}" for name in ("first", "traj", "triggers", "groups", "members", "cuts",
-                                                  "counted", "attempts", "keys", "rare", "ids")}
+    t = {name: f"replay_{name}_{tag}" for name in STAGES}
     try:
         for name, select in stage_sql(t, source, th):
             client.command(f"CREATE TEMPORARY TABLE {t[name]} ENGINE = Memory AS {select}")
         client.command(f"CREATE TEMPORARY TABLE {t['attempts']} ENGINE = Memory AS {attempts_sql(t['members'])}")
-        attempts = client.query(attempt_sql(t["attempts"], th)).result_rows
-        client.command(f"CREATE TEMPORARY TABLE {t['keys']} (gk UInt64) ENGINE = Memory")
-        client.insert(t["keys"], [[k] for k in {k for row in attempts for k in (row[3], *row[4])}], column_names=["gk"])
-        rollouts = dict(client.query(rollouts_sql(t["members"], t["keys"])).result_rows)
         client.command(f"CREATE TEMPORARY TABLE {t['rare']} ENGINE = Memory AS {rare_counts_sql(t['counted'], th)}")
+        yield t
+    finally:
+        for table in t.values():
+            client.command(f"DROP TEMPORARY TABLE IF EXISTS {table}")
+
+
+def log_stats(client, t: dict[str, str]) -> tuple[int, int]:
+    """(trajectory events in the log, valid first occurrences)."""
+    events, valid = client.query(f"SELECT sum(copies), countIf(valid) FROM {t['first']}").result_rows[0]
+    return int(events), int(valid)
+
+
+def fetch_rollouts(client, t: dict[str, str], keys) -> dict[int, list]:
+    """Group key -> its rollouts (rollout_index, event_id, score), for the given group keys."""
+    client.command(f"CREATE TEMPORARY TABLE IF NOT EXISTS {t['keys']} (gk UInt64) ENGINE = Memory")
+    client.command(f"TRUNCATE TABLE {t['keys']}")
+    client.insert(t["keys"], [[k] for k in keys], column_names=["gk"])
+    return dict(client.query(rollouts_sql(t["members"], t["keys"])).result_rows)
+
+
+def _replay_sql(client, source: Source, thresholds: Thresholds, limits: EvidenceLimits,
+                evidence: bool) -> tuple[list[Signal], dict]:
+    started = time.perf_counter()
+    th = thresholds
+    with materialized(client, source, th) as t:
+        attempts = client.query(attempt_sql(t["attempts"], th)).result_rows
+        rollouts = fetch_rollouts(client, t, {k for row in attempts for k in (row[3], *row[4])})
         keep = limits.rare_trajectories if evidence else 0
         rare = client.query(rare_sql(t["counted"], t["rare"], keep)).result_rows
         sql_seconds = time.perf_counter() - started
@@ -266,13 +298,10 @@ def _replay_sql(client, source: Source, thresholds: Thresholds, limits: Evidence
             client.command(f"CREATE TEMPORARY TABLE {t['ids']} (event_id String) ENGINE = Memory")
             client.insert(t["ids"], [[i] for i in wanted], column_names=["event_id"])
             trajectories = _evidence(client, t["ids"], source.evidence, limits)
-        stats = client.query(f"SELECT sum(copies), countIf(valid) FROM {t['first']}").result_rows[0]
-    finally:
-        for table in t.values():
-            client.command(f"DROP TEMPORARY TABLE IF EXISTS {table}")
+        stats = log_stats(client, t)
     signals: list[Signal] = []
     tau = th.success_threshold
-    for run_id, task_id, step, gk, previous, candidate, boundary in attempts:
+    for run_id, task_id, step, gk, previous, candidate, boundary, *_sql_scores in attempts:
         ids, scores = [r[1] for r in rollouts[gk]], [r[2] for r in rollouts[gk]]
         score, before = _mean(scores), [_mean([r[2] for r in rollouts[g]]) for g in previous]
         forgetting = candidate and score < tau and any(p >= tau for p in before)
