@@ -6,7 +6,8 @@
    into chDB with the archiver; the rate counts events from the first polled batch to the last stored.
 2. Inserts already-decoded events straight into the archive tables, in batches of 20k events.
 3. Times the SQL replay of a 115k-trajectory Avro log read by chDB directly (`--input`), then loads
-   that log R times (distinct run ids) into a chDB archive and times the SQL replay over it: the
+   that log R times (distinct run ids) into a chDB archive, waits for its background merges, and times
+   the SQL replay over it: the
    signal set (`--no-evidence`: ClickHouse formats the lines) and the full output (evidence included).
    Rates count trajectory events, end to end: from the first query to the JSON-lines file written.
 """
@@ -71,6 +72,16 @@ def bench_insert_only(tmp: Path, events: int, repeats: int) -> None:
     report("archive insert only (rows built + insert)", statistics.median(rates), "events/s", rates)
 
 
+def settle(client, timeout_s: float = 120.0) -> None:
+    """Wait for the background merges the imports started: the replays are timed, not the merges."""
+    deadline = time.monotonic() + timeout_s
+    while client.query("SELECT count() FROM system.merges WHERE database = 'coevolve'").result_rows[0][0]:
+        if time.monotonic() > deadline:
+            print("  (merges still running: figures include them)")
+            return
+        time.sleep(0.5)
+
+
 def bench_sql_replay(tmp: Path, replicas: int, repeats: int) -> None:
     log = tmp / "log" / "run.avro"
     write_file(SimulationConfig(run_id="bench", steps=300, tasks=60, batch_tasks=48, group_size=8), log)
@@ -85,6 +96,7 @@ def bench_sql_replay(tmp: Path, replicas: int, repeats: int) -> None:
         print(f"  ({stats['events']} trajectory events, {len(found)} signals)")
         for r in range(replicas):
             import_log(client, log, run_suffix=f"-{r}")
+        settle(client)
         rows = client.query("SELECT count() FROM coevolve.trajectories FINAL").result_rows[0][0]
         print(f"archive: {rows} trajectory events ({replicas} x 115,200), "
               f"{client.query('SELECT count() FROM coevolve.actions').result_rows[0][0]} actions")

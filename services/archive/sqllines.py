@@ -1,8 +1,9 @@
 """The signal set as JSON lines, hashed and formatted by ClickHouse: the SQL replay without evidence.
 
-Python touches only the closed attempts (thousands of rows): it decides forgetting exactly where a mean
-lies within sumKahan's slack of tau (math.fsum, as the reference does), and hands the raised attempt
-signals back to ClickHouse. ClickHouse then computes each id (the same SHA-256 of the same JSON text as
+Scalar windows decide most attempts in SQL (`screen_sql`). Python reads only the attempts that raise a
+signal or are unsettled (an earlier attempt closed after them, or a mean lies within sumKahan's slack of
+tau): those it decides with `attempt_sql` and, near tau, with math.fsum as the reference does. It hands
+the raised attempt signals back to ClickHouse. ClickHouse then computes each id (the same SHA-256 of the same JSON text as
 `streams.signals.signal_id`), formats every line, and sorts them; the bytes equal those
 `write_jsonl(signals, evidence=False)` writes. JSON text needs no escaping when every string is printable
 ASCII without `"` or `\\`; a line with another string comes back empty, and then the whole set is built
@@ -13,22 +14,18 @@ from __future__ import annotations
 import json
 import time
 
-from coevolve.services.archive.sqlreplay import (SEP, Source, _mean, attempt_sql, fetch_rollouts, log_stats,
-                                                 materialized, replay_sql)
+from coevolve.services.archive.sqlreplay import (SEP, Source, _mean, attempt_sql, fetch_rollouts, insert_rows,
+                                                 literal, log_stats, materialized, replay_sql, screen_sql)
 from coevolve.streams.signals import EvidenceLimits, Thresholds
 
 UNSAFE = r"[^\x20\x21\x23-\x5b\x5d-\x7e]"  # any character JSON would escape
 
 
-def _literal(text: str) -> str:
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 def lines_sql(t: dict[str, str], th: Thresholds) -> str:
     """Every raised signal's JSON line, in (run_id, step, kind, subject) order; '' where a string is unsafe."""
-    key = _literal(json.dumps(th.key(), separators=(",", ":")))
-    record = _literal(json.dumps(th.as_record(), separators=(",", ":")))
-    unsafe = _literal(UNSAFE)
+    key = literal(json.dumps(th.key(), separators=(",", ":")))
+    record = literal(json.dumps(th.as_record(), separators=(",", ":")))
+    unsafe = literal(UNSAFE)
     return f"""
     SELECT if(safe, concat('{{"id":"', lower(substring(hex(SHA256(concat('["', kind, '","', run_id, '",',
                   toString(step), ',"', subject, '",', {key}, ']'))), 1, 32)),
@@ -46,30 +43,48 @@ def lines_sql(t: dict[str, str], th: Thresholds) -> str:
     ORDER BY run_id, step, kind, subject"""
 
 
+def _forgetting_of(client, t: dict[str, str], th: Thresholds, unsettled: dict[int, int]) -> list[list]:
+    """Forgetting among the unsettled attempts: their previous W closed attempts from `attempt_sql`,
+    and exact means where a score is near tau."""
+    tau = th.success_threshold
+    client.command(f"CREATE TEMPORARY TABLE {t['tasks']} (tk UInt64) ENGINE = Memory")
+    insert_rows(client, t["tasks"], ([tk] for tk in set(unsettled.values())))
+    rows = [row for row in client.query(attempt_sql(t["attempts"], th, t["tasks"])).result_rows if row[3] in unsettled]
+    near = [row for row in rows if row[9]]
+    rollouts = fetch_rollouts(client, t, {k for row in near for k in (row[3], *row[4])}) if near else {}
+    out = []
+    for run_id, task_id, step, gk, previous, _candidate, _boundary, score, before, is_near in rows:
+        if is_near:
+            score = _mean([r[2] for r in rollouts[gk]])
+            before = [_mean([r[2] for r in rollouts[g]]) for g in previous]
+        if score < tau and any(p >= tau for p in before):
+            out.append(["forgetting", run_id, step, task_id])
+    return out
+
+
 def replay_sql_lines(client, source: Source, thresholds: Thresholds = Thresholds()) -> tuple[bytes, dict]:
     """The signal set of the log as JSON lines without evidence; stats as `replay_sql` returns them."""
     started = time.perf_counter()
-    th, tau = thresholds, thresholds.success_threshold
+    th = thresholds
     with materialized(client, source, th) as t:
-        attempts = client.query(attempt_sql(t["attempts"], th)).result_rows
-        near = [row for row in attempts if row[9]]
-        rollouts = fetch_rollouts(client, t, {k for row in near for k in (row[3], *row[4])}) if near else {}
         raised = []
-        for run_id, task_id, step, gk, previous, _candidate, boundary, score, before, is_near in attempts:
-            if is_near:
-                score = _mean([r[2] for r in rollouts[gk]])
-                before = [_mean([r[2] for r in rollouts[g]]) for g in previous]
-            if score < tau and any(p >= tau for p in before):
-                raised.append(["forgetting", run_id, step, task_id])
+        unsettled: dict[int, int] = {}  # group key -> task key
+        for run_id, task_id, step, gk, tk, boundary, settled, forgetting in \
+                client.query(screen_sql(t["attempts"], th)).result_rows:
             if boundary:
                 raised.append(["boundary", run_id, step, task_id])
+            if settled and forgetting:
+                raised.append(["forgetting", run_id, step, task_id])
+            elif not settled:
+                unsettled[gk] = tk
+        if unsettled:
+            raised += _forgetting_of(client, t, th, unsettled)
         client.command(f"CREATE TEMPORARY TABLE {t['raised']} (kind String, run_id String, step Int64, "
                        "task_id String) ENGINE = Memory")
-        if raised:
-            client.insert(t["raised"], raised, column_names=["kind", "run_id", "step", "task_id"])
+        insert_rows(client, t["raised"], raised)
         body = client.raw_query(lines_sql(t, th), fmt="TabSeparatedRaw")
         events, valid = log_stats(client, t)
-    stats = {"events": events, "valid": valid, "sql_seconds": time.perf_counter() - started}
+    stats = {"events": events, "valid": valid, "unsettled": len(unsettled), "sql_seconds": time.perf_counter() - started}
     if body.startswith(b"\n") or b"\n\n" in body:  # a string that needs escaping: format in Python
         signals, _ = replay_sql(client, source, th, EvidenceLimits(), evidence=False)
         body = b"".join(json.dumps(s.to_json(evidence=False), separators=(",", ":")).encode() + b"\n"

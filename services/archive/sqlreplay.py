@@ -58,8 +58,23 @@ def archive_source(db: str) -> Source:
     return Source(traj, f"SELECT run_id, step, trajectory_count FROM {db}.steps FINAL", True, ("archive", db))
 
 
+def literal(value) -> str:
+    """A ClickHouse SQL literal for a str or an int."""
+    if isinstance(value, int):
+        return str(value)
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def _quote(path: Path) -> str:
-    return "'" + str(path.resolve()).replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return literal(str(path.resolve()))
+
+
+def insert_rows(client, table: str, rows) -> None:
+    """INSERT literal rows (str and int values): unlike client.insert, no per-process set-up cost."""
+    rows = list(rows)
+    for i in range(0, len(rows), 50_000):
+        values = ",".join("(" + ",".join(map(literal, row)) + ")" for row in rows[i:i + 50_000])
+        client.command(f"INSERT INTO {table} VALUES {values}")
 
 
 def file_source(paths: list[Path]) -> Source:
@@ -94,12 +109,10 @@ def stage_sql(t: dict[str, str], source: Source, th: Thresholds) -> list[tuple[s
         f"arrayMap(i -> arrayStringConcat(arraySlice(names, i, {n}), '{SEP}'), "
         f"range(1, toUInt64(greatest(length(names) - {n} + 2, 1))))")
     return [
-        # first occurrences (copies: how often each was in the log), then the valid ones with hashed
-        # group (run, task, step) and step (run, step) keys
-        ("first", f"SELECT *, isFinite(score) AND group_size >= 1 AS valid FROM ({first})"),
-        ("traj", f"""SELECT pos, event_id, run_id, step, task_id, rollout_index, group_size, score, names,
-                            cityHash64(run_id, task_id, step) AS gk, cityHash64(run_id, step) AS sk
-            FROM {t['first']} WHERE valid"""),
+        # first occurrences (copies: how often each was in the log), whether valid, with hashed group
+        # (run, task, step) and step (run, step) keys; later stages read the valid ones
+        ("first", f"""SELECT *, isFinite(score) AND group_size >= 1 AS valid, cityHash64(run_id, task_id, step) AS gk,
+                             cityHash64(run_id, step) AS sk FROM ({first})"""),
         # each completed step's trigger: the first trajectory of its run with a higher step
         ("triggers", f"""
             WITH completions AS (SELECT run_id, step, min(trajectory_count) AS expected
@@ -108,7 +121,7 @@ def stage_sql(t: dict[str, str], source: Source, th: Thresholds) -> list[tuple[s
                 SELECT run_id, step, min(first_pos) AS first_pos, max(expected) AS expected FROM (
                     SELECT any(run_id) AS run_id, any(step) AS step, min(pos) AS first_pos,
                            CAST(NULL, 'Nullable(Int64)') AS expected
-                    FROM {t['traj']} GROUP BY sk
+                    FROM {t['first']} WHERE valid GROUP BY sk
                     UNION ALL
                     SELECT run_id, step, toUInt64({INF}), toNullable(toInt64(expected)) FROM completions)
                 GROUP BY run_id, step)
@@ -122,12 +135,12 @@ def stage_sql(t: dict[str, str], source: Source, th: Thresholds) -> list[tuple[s
                            WHERE expected IS NOT NULL AND trigger_pos != {INF}),
             opened AS (SELECT gk, any(run_id) AS run_id, min(pos) AS p1, argMin(group_size, pos) AS gsize,
                               arraySort(groupArray(pos)) AS ps
-                       FROM {t['traj']} GROUP BY gk),
+                       FROM {t['first']} WHERE valid GROUP BY gk),
             SELECT o.gk AS gk, o.gsize AS gsize, if(f.hit = 1, f.trigger_pos, {INF}) AS close_by,
                    least(close_by, if(length(o.ps) >= o.gsize, o.ps[o.gsize] + 1, {INF})) AS cut
             FROM opened AS o ASOF LEFT JOIN fired AS f ON o.run_id = f.run_id AND o.p1 < f.trigger_pos"""),
         ("members", f"""SELECT r.*, g.gsize AS gsize, g.close_by AS close_by
-            FROM {t['traj']} AS r INNER JOIN {t['groups']} AS g ON r.gk = g.gk WHERE r.pos < g.cut"""),
+            FROM {t['first']} AS r INNER JOIN {t['groups']} AS g ON r.gk = g.gk WHERE r.valid AND r.pos < g.cut"""),
         # rare counts a step's first max(trajectory_count, accepted before its trigger) accepted rollouts
         ("cuts", f"""
             WITH lim AS (SELECT sk, any(run_id) AS run_id, any(step) AS step, count() AS total,
@@ -156,12 +169,18 @@ def attempts_sql(members: str) -> str:
           FROM {members} GROUP BY gk)"""
 
 
-def attempt_sql(attempts: str, th: Thresholds) -> str:
+def _slack(tau: float) -> float:
+    return 1e-9 * max(1.0, abs(tau))  # sumKahan is not exactly rounded: Python decides near tau
+
+
+def attempt_sql(attempts: str, th: Thresholds, only_tasks: str | None = None) -> str:
     """Forgetting candidates and boundary attempts, with the group keys and (sumKahan) scores of the
-    previous W attempts; `near`: a score within the slack of tau, which only an exact mean decides."""
+    previous W attempts; `near`: a score within the slack of tau, which only an exact mean decides.
+    `only_tasks`: a table of task keys (tk) to restrict the attempts to."""
     lookback = th.window + KEEP_CLOSED
     tau = float(th.success_threshold)
-    slack = 1e-9 * max(1.0, abs(tau))  # sumKahan is not exactly rounded: Python decides near tau
+    slack = _slack(tau)
+    where = f"WHERE tk IN (SELECT tk FROM {only_tasks})" if only_tasks else ""
     return f"""
     SELECT run_id, task_id, step, gk, arrayMap(p -> p.4, previous),
            attempt_score < {tau + slack} AND arrayExists(p -> p.3 >= {tau - slack}, previous) AS forgetting,
@@ -170,8 +189,26 @@ def attempt_sql(attempts: str, th: Thresholds) -> str:
     FROM (SELECT *, arraySlice(arrayFilter(b -> (b.2, b.1) < (close_pos, step), before), -{th.window}) AS previous
           FROM (SELECT *, groupArray((step, close_pos, attempt_score, gk)) OVER (
                     PARTITION BY tk ORDER BY step ROWS BETWEEN {lookback} PRECEDING AND 1 PRECEDING) AS before
-                FROM {attempts}))
+                FROM {attempts} {where}))
     WHERE forgetting OR boundary"""
+
+
+def screen_sql(attempts: str, th: Thresholds) -> str:
+    """Every attempt that raises a signal, decided with scalar windows where that is exact: `settled`
+    when the W attempts before it (by step) all closed before it and no score is within the slack of
+    tau; then `forgetting` is final. Unsettled ones need `attempt_sql` (and perhaps exact means)."""
+    tau = float(th.success_threshold)
+    slack = _slack(tau)
+    return f"""
+    SELECT run_id, task_id, step, gk, tk, boundary, settled, forgetting FROM (
+        SELECT *, hi >= {tau} AND lo < {tau} AS boundary,
+               last_close <= close_pos AND NOT near_before AND abs(attempt_score - {tau}) > {slack} AS settled,
+               attempt_score < {tau} AND before > 0 AND best >= {tau} AS forgetting
+        FROM (SELECT *, count() OVER w AS before, max(attempt_score) OVER w AS best,
+                     max(close_pos) OVER w AS last_close, max(abs(attempt_score - {tau}) <= {slack}) OVER w AS near_before
+              FROM {attempts}
+              WINDOW w AS (PARTITION BY tk ORDER BY step ROWS BETWEEN {th.window} PRECEDING AND 1 PRECEDING)))
+    WHERE boundary OR forgetting OR NOT settled"""
 
 
 def rollouts_sql(members: str, keys: str) -> str:
@@ -247,8 +284,8 @@ def replay_sql(client, source: Source, thresholds: Thresholds = Thresholds(),
         return _replay_sql(client, source, thresholds, limits, evidence)
 
 
-STAGES = ("first", "traj", "triggers", "groups", "members", "cuts", "counted", "attempts", "keys", "rare", "ids",
-          "raised")
+STAGES = ("first", "triggers", "groups", "members", "cuts", "counted", "attempts", "keys", "rare", "ids",
+          "raised", "tasks")
 
 
 @contextlib.contextmanager
@@ -278,7 +315,7 @@ def fetch_rollouts(client, t: dict[str, str], keys) -> dict[int, list]:
     """Group key -> its rollouts (rollout_index, event_id, score), for the given group keys."""
     client.command(f"CREATE TEMPORARY TABLE IF NOT EXISTS {t['keys']} (gk UInt64) ENGINE = Memory")
     client.command(f"TRUNCATE TABLE {t['keys']}")
-    client.insert(t["keys"], [[k] for k in keys], column_names=["gk"])
+    insert_rows(client, t["keys"], ([k] for k in keys))
     return dict(client.query(rollouts_sql(t["members"], t["keys"])).result_rows)
 
 
@@ -296,7 +333,7 @@ def _replay_sql(client, source: Source, thresholds: Thresholds, limits: Evidence
         if evidence:
             wanted = sorted({r[1] for row in attempts for r in rollouts[row[3]]} | {i for row in rare for i in row[7]})
             client.command(f"CREATE TEMPORARY TABLE {t['ids']} (event_id String) ENGINE = Memory")
-            client.insert(t["ids"], [[i] for i in wanted], column_names=["event_id"])
+            insert_rows(client, t["ids"], ([i] for i in wanted))
             trajectories = _evidence(client, t["ids"], source.evidence, limits)
         stats = log_stats(client, t)
     signals: list[Signal] = []
