@@ -30,6 +30,7 @@ from coevolve.services.broker.embedded import EmbeddedBroker
 from coevolve.services.broker.topics import create_topics
 from coevolve.services.simulate import SimulationConfig, Simulator, publish, write_file
 from coevolve.streams.replay import write_jsonl
+from coevolve.streams.signals import Thresholds
 
 
 class _TimedArchiver(Archiver):
@@ -110,9 +111,8 @@ def bench_sql_replay(tmp: Path, replicas: int, repeats: int) -> None:
                     found, stats = replay_sql(client, archive_source("coevolve"), evidence=True)
                     signals = write_jsonl(found, out)
                 else:
-                    body, stats = replay_sql_lines(client, archive_source("coevolve"))
-                    out.write_bytes(body)
-                    signals = body.count(b"\n")
+                    stats = replay_sql_lines(client, archive_source("coevolve"), Thresholds(), out, local=True)
+                    signals = sum(stats["counts"].values())
                 rates.append(stats["events"] / (time.perf_counter() - start))
             report(f"SQL replay over archive to a JSON-lines file: {label}", statistics.median(rates),
                    "events/s", rates)

@@ -31,7 +31,8 @@ def run_sql_replay(inputs: list[Path] | None, clickhouse: str | None, bootstrap:
     try:
         source = archive_source(database) if clickhouse else file_source(inputs)
         if not evidence and not publish and reference is None:
-            return _lines_report(*replay_sql_lines(client, source, thresholds), output)
+            local = clickhouse is None or clickhouse.startswith("chdb:")
+            return _lines_report(replay_sql_lines(client, source, thresholds, output, local))
         signals, stats = replay_sql(client, source, thresholds, evidence=evidence)
     finally:
         client.close()
@@ -43,14 +44,10 @@ def _outcomes(stats: dict) -> dict:
     return {"engine": "sql", "valid": stats["valid"], "sql_seconds": round(stats["sql_seconds"], 3)}
 
 
-def _lines_report(body: bytes, stats: dict, output: Path | None) -> str:
-    """Write the lines ClickHouse formatted; report as `report` does, counting kinds in the text."""
-    if output is not None:
-        Path(output).write_bytes(body)
-    seconds = stats["seconds"]
-    counts = {kind: body.count(b'","type":"%s","' % kind.encode()) for kind in KINDS}
+def _lines_report(stats: dict) -> str:
+    """The report `report` prints, from the counts the SQL replay took."""
+    seconds, counts = stats["seconds"], stats["counts"]
     rate = stats["events"] / seconds if seconds else 0.0
     return "\n".join([f"replayed {stats['events']} trajectory events in {seconds:.2f} s ({rate:,.0f}/s); "
                       + " ".join(f"{k}={v}" for k, v in _outcomes(stats).items()),
-                      "signals: " + " ".join(f"{k}={v}" for k, v in counts.items())
-                      + f" total={sum(counts.values())}"])
+                      "signals: " + " ".join(f"{k}={counts[k]}" for k in KINDS) + f" total={sum(counts.values())}"])

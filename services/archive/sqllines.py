@@ -12,7 +12,10 @@ by the Python formatting instead.
 from __future__ import annotations
 
 import json
+import os
 import time
+import uuid
+from pathlib import Path
 
 from coevolve.services.archive.sqlreplay import (SEP, Source, _mean, attempt_sql, fetch_rollouts, insert_rows,
                                                  literal, log_stats, materialized, replay_sql, screen_sql)
@@ -51,7 +54,7 @@ def _forgetting_of(client, t: dict[str, str], th: Thresholds, unsettled: dict[in
     insert_rows(client, t["tasks"], ([tk] for tk in set(unsettled.values())))
     rows = [row for row in client.query(attempt_sql(t["attempts"], th, t["tasks"])).result_rows if row[3] in unsettled]
     near = [row for row in rows if row[9]]
-    rollouts = fetch_rollouts(client, t, {k for row in near for k in (row[3], *row[4])}) if near else {}
+    rollouts = fetch_rollouts(client, t, {k for row in near for k in (row[3], *row[4])}, slim=True) if near else {}
     out = []
     for run_id, task_id, step, gk, previous, _candidate, _boundary, score, before, is_near in rows:
         if is_near:
@@ -62,11 +65,14 @@ def _forgetting_of(client, t: dict[str, str], th: Thresholds, unsettled: dict[in
     return out
 
 
-def replay_sql_lines(client, source: Source, thresholds: Thresholds = Thresholds()) -> tuple[bytes, dict]:
-    """The signal set of the log as JSON lines without evidence; stats as `replay_sql` returns them."""
+def replay_sql_lines(client, source: Source, thresholds: Thresholds, output: Path | None,
+                     local: bool) -> dict:
+    """Write the log's signal set to `output` as JSON lines without evidence; return stats as
+    `replay_sql` does, with `counts` by kind. `local`: the client is chDB, in this process, which writes
+    the file itself (INTO OUTFILE); a server's lines come back over the connection."""
     started = time.perf_counter()
     th = thresholds
-    with materialized(client, source, th) as t:
+    with materialized(client, source, th, slim=True) as t:
         raised = []
         unsettled: dict[int, int] = {}  # group key -> task key
         for run_id, task_id, step, gk, tk, boundary, settled, forgetting in \
@@ -79,16 +85,35 @@ def replay_sql_lines(client, source: Source, thresholds: Thresholds = Thresholds
                 unsettled[gk] = tk
         if unsettled:
             raised += _forgetting_of(client, t, th, unsettled)
-        client.command(f"CREATE TEMPORARY TABLE {t['raised']} (kind String, run_id String, step Int64, "
-                       "task_id String) ENGINE = Memory")
-        insert_rows(client, t["raised"], raised)
-        body = client.raw_query(lines_sql(t, th), fmt="TabSeparatedRaw")
+        counts = {kind: sum(r[0] == kind for r in raised) for kind in ("forgetting", "boundary")}
+        counts["rare"] = int(client.query(f"SELECT count() FROM {t['rare']}").result_rows[0][0])
+        if output is not None:
+            client.command(f"CREATE TEMPORARY TABLE {t['raised']} (kind String, run_id String, step Int64, "
+                           "task_id String) ENGINE = Memory")
+            insert_rows(client, t["raised"], raised)
+            _write(client, lines_sql(t, th), Path(output), local)
         events, valid = log_stats(client, t)
-    stats = {"events": events, "valid": valid, "unsettled": len(unsettled), "sql_seconds": time.perf_counter() - started}
-    if body.startswith(b"\n") or b"\n\n" in body:  # a string that needs escaping: format in Python
-        signals, _ = replay_sql(client, source, th, EvidenceLimits(), evidence=False)
-        body = b"".join(json.dumps(s.to_json(evidence=False), separators=(",", ":")).encode() + b"\n"
-                        for s in signals)
-        stats["formatted_by"] = "python"
+    stats = {"events": events, "valid": valid, "unsettled": len(unsettled), "counts": counts,
+             "sql_seconds": time.perf_counter() - started}
+    if output is not None:
+        body = Path(output).read_bytes()
+        if body.startswith(b"\n") or b"\n\n" in body:  # a string that needs escaping: format in Python
+            signals, _ = replay_sql(client, source, th, EvidenceLimits(), evidence=False)
+            Path(output).write_bytes(b"".join(json.dumps(s.to_json(evidence=False), separators=(",", ":")).encode()
+                                              + b"\n" for s in signals))
+            stats["formatted_by"] = "python"
     stats["seconds"] = time.perf_counter() - started
-    return body, stats
+    return stats
+
+
+def _write(client, select: str, output: Path, local: bool) -> None:
+    """The query's lines into `output`, replaced whole."""
+    partial = output.with_name(f".{output.name}.{uuid.uuid4().hex[:8]}.partial")
+    try:
+        if local:
+            client.command(f"{select} INTO OUTFILE {literal(str(partial.resolve()))} FORMAT TabSeparatedRaw")
+        else:
+            partial.write_bytes(client.raw_query(select, fmt="TabSeparatedRaw"))
+        os.replace(partial, output)
+    finally:
+        partial.unlink(missing_ok=True)

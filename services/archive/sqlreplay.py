@@ -96,8 +96,9 @@ def file_source(paths: list[Path]) -> Source:
     return Source(traj, steps, False, ("files", trajectory_files))
 
 
-def stage_sql(t: dict[str, str], source: Source, th: Thresholds) -> list[tuple[str, str]]:
-    """(table, SELECT) pairs, materialized in order as temporary tables named by `t`."""
+def stage_sql(t: dict[str, str], source: Source, th: Thresholds, slim: bool = False) -> list[tuple[str, str]]:
+    """(table, SELECT) pairs, materialized in order as temporary tables named by `t`. `slim`: without
+    event ids and rollout indexes past deduplication (the signal set needs neither; evidence does)."""
     first = f"SELECT *, toUInt64(1) AS copies FROM ({source.trajectories})" if source.unique else f"""
         SELECT min(at) AS pos, event_id, argMin(run_id, at) AS run_id, argMin(step, at) AS step,
                argMin(task_id, at) AS task_id, argMin(rollout_index, at) AS rollout_index,
@@ -111,7 +112,8 @@ def stage_sql(t: dict[str, str], source: Source, th: Thresholds) -> list[tuple[s
     return [
         # first occurrences (copies: how often each was in the log), whether valid, with hashed group
         # (run, task, step) and step (run, step) keys; later stages read the valid ones
-        ("first", f"""SELECT *, isFinite(score) AND group_size >= 1 AS valid, cityHash64(run_id, task_id, step) AS gk,
+        ("first", f"""SELECT * {'EXCEPT (event_id, rollout_index)' if slim else ''},
+                             isFinite(score) AND group_size >= 1 AS valid, cityHash64(run_id, task_id, step) AS gk,
                              cityHash64(run_id, step) AS sk FROM ({first})"""),
         # each completed step's trigger: the first trajectory of its run with a higher step
         ("triggers", f"""
@@ -152,8 +154,9 @@ def stage_sql(t: dict[str, str], source: Source, th: Thresholds) -> list[tuple[s
                       toUInt64(greatest(t.expected, toInt64(arrayCount(x -> x < t.trig, l.ps))))) AS kk,
                    if(kk < l.total, l.ps[kk + 1], {INF}) AS cut
             FROM lim AS l INNER JOIN trig AS t ON l.sk = t.sk"""),
-        ("counted", f"""SELECT m.sk AS sk, m.run_id AS run_id, m.step AS step, m.event_id AS event_id, m.task_id AS task_id,
-                   {patterns.replace('names', 'm.names')} AS patterns, c.incomplete AS incomplete
+        ("counted", f"""SELECT m.sk AS sk, m.run_id AS run_id, m.step AS step, m.task_id AS task_id,
+                   {'' if slim else 'm.event_id AS event_id,'} {patterns.replace('names', 'm.names')} AS patterns,
+                   c.incomplete AS incomplete
             FROM {t['members']} AS m INNER JOIN {t['cuts']} AS c ON m.sk = c.sk WHERE m.pos < c.cut"""),
     ]
 
@@ -211,20 +214,23 @@ def screen_sql(attempts: str, th: Thresholds) -> str:
     WHERE boundary OR forgetting OR NOT settled"""
 
 
-def rollouts_sql(members: str, keys: str) -> str:
-    """The rollouts of the listed groups, in (rollout_index, event_id) order, as the reference sorts them."""
+def rollouts_sql(members: str, keys: str, slim: bool = False) -> str:
+    """The rollouts of the listed groups, in (rollout_index, event_id) order, as the reference sorts them
+    (`slim` members: scores only, as (0, '', score))."""
+    rollout = "(toInt32(0), '', score)" if slim else "(rollout_index, event_id, score)"
     return f"""
-    SELECT gk, arraySort(x -> (x.1, x.2), groupArray((rollout_index, event_id, score)))
+    SELECT gk, arraySort(x -> (x.1, x.2), groupArray({rollout}))
     FROM {members} WHERE gk IN (SELECT gk FROM {keys}) GROUP BY gk"""
 
 
 def rare_counts_sql(counted: str, th: Thresholds) -> str:
-    """(sk, p, c, total) of every rare pattern: 0 < c_p and 100 c_p < theta N."""
+    """(sk, p, c, total) of every rare pattern: 0 < c_p and 100 c_p < theta N. One 64-bit key per (step,
+    pattern) (the pattern's hash is computed once per distinct name, on the LowCardinality dictionary)."""
     return f"""
-    SELECT sk, p, c, total FROM (
-        SELECT sk, p, c, sum(c) OVER (PARTITION BY sk) AS total
-        FROM (SELECT sk, cityHash64(x) AS h, any(x) AS p, count() AS c FROM {counted}
-              ARRAY JOIN patterns AS x GROUP BY sk, h))
+    SELECT s AS sk, p, c, total FROM (
+        SELECT s, p, c, sum(c) OVER (PARTITION BY s) AS total
+        FROM (SELECT bitXor(sk, cityHash64(x)) AS key, any(sk) AS s, any(x) AS p, count() AS c FROM {counted}
+              ARRAY JOIN patterns AS x GROUP BY key))
     WHERE c > 0 AND 100 * c < {float(th.rare_threshold)} * total"""
 
 
@@ -289,13 +295,13 @@ STAGES = ("first", "triggers", "groups", "members", "cuts", "counted", "attempts
 
 
 @contextlib.contextmanager
-def materialized(client, source: Source, th: Thresholds):
+def materialized(client, source: Source, th: Thresholds, slim: bool = False):
     """Every stage of `stage_sql`, the closed attempts and the rare counts as temporary tables; yields
     their names (`t`), and drops them all afterwards."""
     tag = uuid.uuid4().hex[:8]
     t = {name: f"replay_{name}_{tag}" for name in STAGES}
     try:
-        for name, select in stage_sql(t, source, th):
+        for name, select in stage_sql(t, source, th, slim):
             client.command(f"CREATE TEMPORARY TABLE {t[name]} ENGINE = Memory AS {select}")
         client.command(f"CREATE TEMPORARY TABLE {t['attempts']} ENGINE = Memory AS {attempts_sql(t['members'])}")
         client.command(f"CREATE TEMPORARY TABLE {t['rare']} ENGINE = Memory AS {rare_counts_sql(t['counted'], th)}")
@@ -311,12 +317,12 @@ def log_stats(client, t: dict[str, str]) -> tuple[int, int]:
     return int(events), int(valid)
 
 
-def fetch_rollouts(client, t: dict[str, str], keys) -> dict[int, list]:
+def fetch_rollouts(client, t: dict[str, str], keys, slim: bool = False) -> dict[int, list]:
     """Group key -> its rollouts (rollout_index, event_id, score), for the given group keys."""
     client.command(f"CREATE TEMPORARY TABLE IF NOT EXISTS {t['keys']} (gk UInt64) ENGINE = Memory")
     client.command(f"TRUNCATE TABLE {t['keys']}")
     insert_rows(client, t["keys"], ([k] for k in keys))
-    return dict(client.query(rollouts_sql(t["members"], t["keys"])).result_rows)
+    return dict(client.query(rollouts_sql(t["members"], t["keys"], slim)).result_rows)
 
 
 def _replay_sql(client, source: Source, thresholds: Thresholds, limits: EvidenceLimits,

@@ -43,17 +43,22 @@ def log(tmp_path_factory):
 
 
 @pytest.mark.parametrize("th", THRESHOLDS, ids=lambda t: "tau{}-W{}-theta{}-n{}".format(*t.key()))
-def test_clickhouse_formatted_lines_equal_the_python_replay(log, th):
+def test_clickhouse_formatted_lines_equal_the_python_replay(log, th, tmp_path):
     client = clickhouse_connect.get_client(dsn="chdb://memory")
     try:
-        body, stats = replay_sql_lines(client, file_source([log]), th)
+        stats = replay_sql_lines(client, file_source([log]), th, tmp_path / "local.jsonl", local=True)
+        replay_sql_lines(client, file_source([log]), th, tmp_path / "fetched.jsonl", local=False)
     finally:
         client.close()
     assert "formatted_by" not in stats
     assert stats["unsettled"] > 0, "the rough log closes attempts out of order: the exact path runs too"
     expected = python_lines(log, th)
     assert expected.count(b"\n") > 50
-    assert body == expected
+    assert (tmp_path / "local.jsonl").read_bytes() == expected
+    assert (tmp_path / "fetched.jsonl").read_bytes() == expected
+    kinds = [json.loads(line)["type"] for line in expected.splitlines()]
+    assert stats["counts"] == {k: kinds.count(k) for k in ("forgetting", "boundary", "rare")}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fetched.jsonl", "local.jsonl"], "no partial file left"
 
 
 def test_a_string_json_must_escape_falls_back_to_python_formatting(tmp_path):
@@ -68,9 +73,11 @@ def test_a_string_json_must_escape_falls_back_to_python_formatting(tmp_path):
     path = write_log(tmp_path / "run.avro", trajectories, steps)
     client = clickhouse_connect.get_client(dsn="chdb://memory")
     try:
-        body, stats = replay_sql_lines(client, file_source([path]), Thresholds(rare_threshold=30.0))
+        stats = replay_sql_lines(client, file_source([path]), Thresholds(rare_threshold=30.0), tmp_path / "s.jsonl",
+                                 local=True)
     finally:
         client.close()
+    body = (tmp_path / "s.jsonl").read_bytes()
     assert stats["formatted_by"] == "python"
     assert body == python_lines(path, Thresholds(rare_threshold=30.0))
     assert b'\\u00e2sk \\"quoted\\" \\\\ one' in body
