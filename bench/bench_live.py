@@ -178,7 +178,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=50_000, help="Trajectory events per throughput run.")
     parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="Throughput runs (0: latency only).")
     parser.add_argument("--latency-rate", type=float, default=2000.0, help="Events/s of the latency run (0 skips).")
     parser.add_argument("--latency-seconds", type=float, default=20.0)
     parser.add_argument("--show-logs", action="store_true", help="Print the end of each worker's log.")
@@ -186,7 +186,8 @@ def main() -> None:
     print(f"machine: {machine()}")
     with tempfile.TemporaryDirectory() as tmp:
         rates = [throughput_run(args, r, Path(tmp)) for r in range(args.repeats)]
-        report(f"live, {args.workers} worker(s), events -> signals", statistics.median(rates), "events/s", rates)
+        if rates:
+            report(f"live, {args.workers} worker(s), events -> signals", statistics.median(rates), "events/s", rates)
         if args.latency_rate > 0:
             latency_run(args, Path(tmp))
 
