@@ -3,7 +3,8 @@
     python -m bench.bench_replay [--events N] [--workers 1 2] [--repeats R]
 
 Writes a simulated run with `coevolve simulate --output`, then times `replay_files` (open, decode,
-the pure signal functions, close every group and step) with each number of decoding processes.
+the pure signal functions, close every group and step, evidence) with the chDB decoder and with
+fastavro in each number of decoding processes (--workers).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from coevolve.streams.replay import replay_files
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=100_000)
-    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="fastavro decoding processes")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     print(f"machine: {machine()}")
@@ -28,14 +29,15 @@ def main() -> None:
         path = Path(tmp) / "run.avro"
         counts, _files = write_file(SimulationConfig(steps=max(1, args.events // 128), synthesized_per_step=0), path)
         print(f"log: {counts['TrajectoryRecorded']} trajectories, {path.stat().st_size / 2**20:.1f} MiB")
-        for workers in args.workers:
+        runs = [("chdb", 1)] + [("fastavro", w) for w in args.workers]
+        for decoder, workers in runs:
             rates, signals = [], 0
             for _ in range(args.repeats):
-                result = replay_files([path], workers=workers)
+                result = replay_files([path], workers=workers, decoder=decoder)
                 rates.append(result.events / result.seconds)
                 signals = len(result.signals)
-            report(f"replay, {workers} decoding process(es), {signals} signals", statistics.median(rates),
-                   "events/s", rates)
+            label = "chDB decoder" if decoder == "chdb" else f"fastavro, {workers} decoding process(es)"
+            report(f"replay, {label}, {signals} signals", statistics.median(rates), "events/s", rates)
 
 
 if __name__ == "__main__":

@@ -198,7 +198,10 @@ def replay(
     output: Optional[Path] = typer.Option(None, help="Write the signals here as JSON lines."),
     publish: Optional[str] = typer.Option(None, help="Send the signals to this topic (needs --bootstrap)."),
     compare: Optional[str] = typer.Option(None, help="Diff against a signal JSON-lines file, or a topic."),
-    workers: int = typer.Option(1, help="Decoding processes for --input (2 pays off only where decoding dominates pickling)."),
+    decoder: str = typer.Option("chdb", help="Decoder of --input files for the python engine: chdb (ClickHouse "
+                                "reads them) or fastavro."),
+    workers: int = typer.Option(1, help="fastavro decoding processes for --input (2 pays off only where "
+                                "decoding dominates pickling)."),
     evidence: bool = typer.Option(True, "--evidence/--no-evidence", help="Write each signal's evidence into "
                                   "--output; without it, the SQL engine formats the lines in ClickHouse (fastest)."),
     engine: str = typer.Option("python", help="python (the reference) or sql (ClickHouse; same signals)."),
@@ -220,7 +223,7 @@ def replay(
         if engine != "python":
             raise ValueError(f"--engine {engine!r}: choose python or sql")
         print(run_replay(input, bootstrap, window, success_threshold, rare_threshold, pattern_length,
-                         output, publish, compare, workers, evidence))
+                         output, publish, compare, workers, evidence, decoder))
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
 

@@ -3,8 +3,10 @@
 Sources: Avro container files (`read_files`) or the Kafka topics from offset zero (`read_topics`).
 Completed-step records are read first and take effect just before the first trajectory of their run
 with a higher step (see streams/signals.py); the end of the input closes every open group and step.
-With `workers > 1`, trajectory files are decoded by that many processes, block ranges each, and the
-main process feeds the decoded rollouts, in file order, to the same pure functions.
+Trajectory files are decoded by ClickHouse (embedded chDB) by default, and the evidence of the
+trajectories that signals carry is read from the files once the signals are known. With the fastavro
+decoder and `workers > 1`, they are decoded by that many processes, block ranges each. Either way the
+main process feeds the rollouts, in file order, to the same pure functions.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import io
 import json
 import multiprocessing
 import time
+import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,9 +23,10 @@ import fastavro
 
 from coevolve.schemas.container import LogFileError, log_paths
 from coevolve.streams.signals import (EvidenceLimits, InvalidEvent, Replayer, Signal, Thresholds, diff,
-                                      iter_json_lines, patterns_of, rollout_of, summarize)
+                                      iter_json_lines, make_rollout, patterns_of, rollout_of, summarize)
 
 CHUNK_BYTES = 512 * 1024  # trajectory bytes one decode task covers
+DECODERS = ("chdb", "fastavro")
 
 
 @dataclass
@@ -99,8 +103,12 @@ def _decode_chunk(task: tuple[str, bytes, int, int, EvidenceLimits, int]) -> lis
 
 
 def replay_files(paths: Iterable[Path | str], thresholds: Thresholds = Thresholds(),
-                 limits: EvidenceLimits = EvidenceLimits(), workers: int = 1) -> ReplayResult:
-    """Replay Avro container files (trajectory and completed-step files, any order)."""
+                 limits: EvidenceLimits = EvidenceLimits(), workers: int = 1, decoder: str = "chdb") -> ReplayResult:
+    """Replay Avro container files (trajectory and completed-step files, any order). `decoder`: chdb
+    (ClickHouse reads the files; evidence is fetched at the end for the trajectories signals carry) or
+    fastavro (in `workers` processes); the same pure functions decide every signal either way."""
+    if decoder not in DECODERS:
+        raise ValueError(f"--decoder {decoder!r}: choose one of {', '.join(DECODERS)}")
     started = time.perf_counter()
     replayer = Replayer(thresholds, limits)
     named = [(p, _root_name(p)) for p in expand_inputs(paths)]
@@ -108,18 +116,71 @@ def replay_files(paths: Iterable[Path | str], thresholds: Thresholds = Threshold
         if name == "StepCompleted":
             for event in fastavro.reader(open(path, "rb")):
                 replayer.add_step(event)
-    events = 0
     trajectory_files = [p for p, n in named if n == "TrajectoryRecorded"]
-    for item in _rollouts(trajectory_files, limits, thresholds.pattern_length, workers):
+    if decoder == "fastavro":
+        events = _feed(replayer, _rollouts(trajectory_files, limits, thresholds.pattern_length, workers))
+        signals = replayer.finish()
+    else:
+        import clickhouse_connect
+
+        client = clickhouse_connect.get_client(dsn="chdb://memory")
+        try:
+            events = _feed(replayer, _rollouts_chdb(client, trajectory_files, thresholds.pattern_length))
+            signals = replayer.finish()
+            _fill_evidence(client, signals, trajectory_files, limits)
+        finally:
+            client.close()
+    return ReplayResult(signals, events, time.perf_counter() - started, dict(replayer.outcomes),
+                        replayer.invalid)
+
+
+def _feed(replayer: Replayer, items: Iterable[tuple]) -> int:
+    events = 0
+    for item in items:
         events += 1
         if item[0] == "invalid":
             replayer.outcomes["invalid"] += 1
             replayer.invalid.append((item[1], item[2]))
         else:
             replayer.add_rollout(*item)
-    signals = replayer.finish()
-    return ReplayResult(signals, events, time.perf_counter() - started, dict(replayer.outcomes),
-                        replayer.invalid)
+    return events
+
+
+def _rollouts_chdb(client, paths: list[Path], pattern_length: int) -> Iterator[tuple]:
+    """Each trajectory in file order, read by ClickHouse: (rollout, pattern counts), its event id standing
+    in for its evidence; or ('invalid', id, reason)."""
+    from coevolve.services.archive.sqlreplay import _quote
+
+    for path in paths:
+        rows = client.query(f"""SELECT event_id, run_id, step, task_id, rollout_index, group_size, score, actions.name
+            FROM file({_quote(path)}, 'Avro') ORDER BY _row_number""").result_rows
+        for row in rows:
+            try:
+                r = make_rollout(*row, row[0])
+            except InvalidEvent as exc:
+                yield "invalid", row[0], str(exc)
+                continue
+            yield r, patterns_of(r[7], pattern_length)
+
+
+def _fill_evidence(client, signals: list[Signal], paths: list[Path], limits: EvidenceLimits) -> None:
+    """Replace the event ids standing in for trajectories in the signals' evidence with the evidence
+    itself, read from the files (the first valid occurrence of each id, shaped as `rollout_of` does)."""
+    from coevolve.services.archive.sqlreplay import _evidence, insert_rows
+
+    lists = [s.evidence["trajectories"] for s in signals if s.evidence.get("trajectories")]
+    wanted = sorted({e for lst in lists for e in lst if isinstance(e, str)})
+    if not wanted:
+        return
+    table = f"replay_ids_{uuid.uuid4().hex[:8]}"
+    client.command(f"CREATE TEMPORARY TABLE {table} (event_id String) ENGINE = Memory")
+    try:
+        insert_rows(client, table, ([i] for i in wanted))
+        found = _evidence(client, table, ("files", paths), limits)
+    finally:
+        client.command(f"DROP TEMPORARY TABLE IF EXISTS {table}")
+    for lst in lists:
+        lst[:] = [found[e] if isinstance(e, str) else e for e in lst]
 
 
 def _rollouts(paths: list[Path], limits: EvidenceLimits, pattern_length: int, workers: int) -> Iterator[tuple]:
@@ -253,12 +314,12 @@ def deliver(result: ReplayResult, output: Path | None, publish: str | None, boot
 
 def run_replay(inputs: list[Path] | None, bootstrap: str | None, window: int, success_threshold: float,
                rare_threshold: float, pattern_length: int, output: Path | None, publish: str | None,
-               compare: str | None, workers: int = 1, evidence: bool = True) -> str:
+               compare: str | None, workers: int = 1, evidence: bool = True, decoder: str = "chdb") -> str:
     """The `coevolve replay` command: replay, write or publish, and return the report."""
     thresholds = Thresholds(success_threshold, window, rare_threshold, pattern_length)
     reference = load_reference(compare, bootstrap, publish)
     if inputs:
-        result = replay_files(inputs, thresholds, workers=workers)
+        result = replay_files(inputs, thresholds, workers=workers, decoder=decoder)
     else:
         result = replay_topics(bootstrap, thresholds)
     return deliver(result, output, publish, bootstrap, reference, evidence)

@@ -10,7 +10,8 @@ for other implementations, e.g. SQL):
 - `signal_id(kind, run_id, step, subject, thresholds)`: the first 32 hex digits of
   sha256(json.dumps([kind, run_id, step, subject, [tau, W, theta, n]], separators=(",", ":"))),
   tau and theta as floats, W and n as ints; subject is the task_id, or the pattern joined by " > ".
-- `rollout_of(event, limits)`: a TrajectoryRecorded event to the compact `Rollout` the functions use.
+- `rollout_of(event, limits)`: a TrajectoryRecorded event to the compact `Rollout` the functions use;
+  `make_rollout(...)` the same from its fields.
 - Attempts, per (run, task): `new_task_state()`, `record_rollout(state, rollout, th)` ->
   (outcome, signals) with outcome ACCEPTED, DUPLICATE or LATE; `close_groups(state, step, th)` closes
   every open group at a step <= `step` (its completed-step event, or the end of the input).
@@ -141,21 +142,25 @@ Rollout = tuple
 
 def rollout_of(event: dict, limits: EvidenceLimits = EvidenceLimits()) -> Rollout:
     """Validate a TrajectoryRecorded event and keep what the signals need; raise InvalidEvent."""
-    score = event["score"]
-    if not isinstance(score, (int, float)) or not math.isfinite(score):
-        raise InvalidEvent(f"score is not a finite number: {score!r}")
-    size = event["group_size"]
-    if size < 1:
-        raise InvalidEvent(f"group_size must be at least 1 (got {size})")
     acts = event["actions"]
-    names = tuple(a["name"] for a in acts)
     oc, ac = limits.observation_chars, limits.arguments_chars
-    evidence = {"event_id": event["event_id"], "task_id": event["task_id"],
-                "rollout_index": event["rollout_index"], "score": float(score),
+    r = make_rollout(event["event_id"], event["run_id"], event["step"], event["task_id"], event["rollout_index"],
+                     event["group_size"], event["score"], [a["name"] for a in acts], None)
+    evidence = {"event_id": r[0], "task_id": r[3], "rollout_index": r[4], "score": r[6],
                 "actions": [{"name": a["name"], "arguments": a["arguments"][:ac],
                              "observation": a["observation"][:oc]} for a in acts[:limits.max_actions]]}
-    return (event["event_id"], event["run_id"], event["step"], event["task_id"], event["rollout_index"],
-            size, float(score), names, evidence)
+    return r[:8] + (evidence,)
+
+
+def make_rollout(event_id: str, run_id: str, step: int, task_id: str, rollout_index: int, group_size: int,
+                 score, names, evidence) -> Rollout:
+    """A validated rollout from its fields; raise InvalidEvent. `evidence` is what signals will carry
+    for it (a decoder that fetches evidence later may pass a stand-in, such as the event id)."""
+    if not isinstance(score, (int, float)) or not math.isfinite(score):
+        raise InvalidEvent(f"score is not a finite number: {score!r}")
+    if group_size < 1:
+        raise InvalidEvent(f"group_size must be at least 1 (got {group_size})")
+    return (event_id, run_id, step, task_id, rollout_index, group_size, float(score), tuple(names), evidence)
 
 
 def patterns_of(names, n: int) -> dict[str, int]:

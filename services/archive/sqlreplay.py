@@ -269,7 +269,8 @@ def _evidence(client, ids_table: str, source: tuple[str, object], limits: Eviden
     for path in where:
         rows = client.query(f"""SELECT event_id, task_id, rollout_index, score, arrayMap(a -> (a.name,
                 substringUTF8(a.arguments, 1, {ac}), substringUTF8(a.observation, 1, {oc})), arraySlice(actions, 1, {na}))
-                FROM file({_quote(path)}, 'Avro') WHERE {wanted} ORDER BY _row_number""").result_rows
+                FROM file({_quote(path)}, 'Avro') WHERE {wanted} AND isFinite(score) AND group_size >= 1
+                ORDER BY _row_number""").result_rows
         for eid, task, idx, score, acts in rows:
             out.setdefault(eid, {"event_id": eid, "task_id": task, "rollout_index": idx, "score": float(score),
                                  "actions": [{"name": a[0], "arguments": a[1], "observation": a[2]} for a in acts]})

@@ -32,7 +32,7 @@ def write_log(path, trajectories, steps):
 
 
 def python_lines(path, th: Thresholds) -> bytes:
-    signals = sorted(replay_files([path], th).signals, key=lambda s: (s.run_id, s.step, s.kind, s.subject))
+    signals = sorted(replay_files([path], th, decoder="fastavro").signals, key=lambda s: (s.run_id, s.step, s.kind, s.subject))
     return b"".join(json.dumps(s.to_json(evidence=False), separators=(",", ":")).encode() + b"\n" for s in signals)
 
 

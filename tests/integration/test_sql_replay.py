@@ -91,7 +91,7 @@ def _lines(signals, path) -> list[str]:
 def test_sql_equals_python_on_100k_rough_log(big_log, th, tmp_path):
     path, count = big_log
     assert count >= 100_000
-    expected = replay_files([path], th, workers=1)
+    expected = replay_files([path], th, decoder="fastavro")
     assert expected.outcomes["late"] > 0 and expected.outcomes["duplicate"] > 0 and expected.outcomes["invalid"] > 0
     client = clickhouse_connect.get_client(dsn="chdb://memory")
     try:
@@ -107,6 +107,16 @@ def test_sql_equals_python_on_100k_rough_log(big_log, th, tmp_path):
     assert sql == python  # byte-identical JSON lines, evidence included
 
 
+@pytest.mark.slow
+def test_chdb_decoder_equals_fastavro_decoder_on_100k_rough_log(big_log, tmp_path):
+    path, count = big_log
+    th = THRESHOLDS[1]
+    chdb, fast = (replay_files([path], th, decoder=d) for d in ("chdb", "fastavro"))
+    assert chdb.events == fast.events == count
+    assert chdb.outcomes == fast.outcomes and chdb.invalid == fast.invalid
+    assert _lines(chdb.signals, tmp_path / "c.jsonl") == _lines(fast.signals, tmp_path / "f.jsonl")
+
+
 def test_sql_equals_python_on_small_rough_log(tmp_path):
     trajectories, steps = rough_log(SimulationConfig(steps=25, tasks=12, batch_tasks=8, group_size=4), seed=11)
     path = tmp_path / "run.avro"
@@ -118,7 +128,7 @@ def test_sql_equals_python_on_small_rough_log(tmp_path):
     client = clickhouse_connect.get_client(dsn="chdb://memory")
     try:
         for th in THRESHOLDS:
-            expected = replay_files([path], th, workers=1)
+            expected = replay_files([path], th, decoder="fastavro")
             signals, _ = replay_sql(client, file_source([path]), th)
             got = [json.loads(x) for x in _lines(signals, tmp_path / "s.jsonl")]
             want = [json.loads(x) for x in _lines(expected.signals, tmp_path / "p.jsonl")]

@@ -1,4 +1,4 @@
-"""`coevolve replay` over Avro files: the same signals with one or two decoders, JSON lines, diffs."""
+"""`coevolve replay` over Avro files: the same signals with every decoder, JSON lines, diffs."""
 from __future__ import annotations
 
 import json
@@ -17,16 +17,16 @@ def _log(tmp_path, steps=6):
     return tmp_path / "run.avro"
 
 
-def test_files_match_pure_replay_with_one_or_two_decoders(tmp_path, monkeypatch):
+def test_files_match_pure_replay_with_chdb_or_one_or_two_fastavro_decoders(tmp_path, monkeypatch):
     path = _log(tmp_path)
     files = replay.expand_inputs([path])
     assert [f.name for f in files] == ["run.avro", "run.StepCompleted.avro"]
     expected = {s.id: s.to_json() for s in replay_signals(read_log(files))}
     assert expected
     monkeypatch.setattr(replay, "CHUNK_BYTES", 50_000)  # several chunks, so two workers share them
-    for workers in (1, 2):
-        result = replay.replay_files([path], workers=workers)
-        assert {s.id: s.to_json() for s in result.signals} == expected
+    for decoder, workers in (("chdb", 1), ("fastavro", 1), ("fastavro", 2)):
+        result = replay.replay_files([path], workers=workers, decoder=decoder)
+        assert {s.id: s.to_json() for s in result.signals} == expected, decoder
         assert result.events == 6 * 16 * 8
 
 
