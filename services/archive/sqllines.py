@@ -3,11 +3,11 @@
 Scalar windows decide most attempts in SQL (`screen_sql`). Python reads only the attempts that raise a
 signal or are unsettled (an earlier attempt closed after them, or a mean lies within sumKahan's slack of
 tau): those it decides with `attempt_sql` and, near tau, with math.fsum as the reference does. It hands
-the raised attempt signals back to ClickHouse. ClickHouse then computes each id (the same SHA-256 of the same JSON text as
-`streams.signals.signal_id`), formats every line, and sorts them; the bytes equal those
-`write_jsonl(signals, evidence=False)` writes. JSON text needs no escaping when every string is printable
-ASCII without `"` or `\\`; a line with another string comes back empty, and then the whole set is built
-by the Python formatting instead.
+the raised attempt signals back to ClickHouse, which computes each id (the same SHA-256 of the same
+JSON text as `streams.signals.signal_id`), formats every line and sorts them; the bytes equal those
+`write_jsonl(signals, evidence=False)` writes. JSON text needs no escaping when every string is
+printable ASCII without `"` or `\\`; a line with another string comes back empty, and then the whole
+set is built by the Python formatting instead.
 """
 from __future__ import annotations
 
