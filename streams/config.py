@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from coevolve.services.broker.settings import FETCH_MAX_WAIT_MS
 from coevolve.services.config import ConfigError, doc
 from coevolve.streams.signals import EvidenceLimits, Thresholds
 
@@ -25,7 +26,8 @@ class StreamsConfig:
     tick_s: float = doc(1.0, "How often the grace period and idle markers are checked, seconds.")
     marker_idle_s: float = doc(2.0, "A completed step closes its partition's open groups at the first "
                                "trajectory of a later step, or after the partition is idle this long.")
-    fetch_wait_ms: int = doc(50, "Longest a consumer fetch waits for data at the broker (Faust's fixed 1500 is overridden).")
+    fetch_wait_ms: int = doc(FETCH_MAX_WAIT_MS, "Longest a consumer fetch waits for data at the broker (Faust's "
+                             "fixed 1500 is overridden).")
     metrics_host: str = doc("127.0.0.1", "Address /healthz and /metrics listen on (0.0.0.0 in a pod).")
     metrics_port: int = doc(6066, "Port of /healthz and /metrics; -1 disables them.")
     datadir: Path = doc(Path(".coevolve/streams"), "Faust's data directory.")

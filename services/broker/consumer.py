@@ -10,7 +10,7 @@ from kafka import KafkaConsumer, TopicPartition
 
 from coevolve.schemas import DecodeError, SchemaRegistry, default_registry
 from coevolve.services.broker.producer import EventProducer
-from coevolve.services.broker.settings import GROUP_TIMEOUTS_MS
+from coevolve.services.broker.settings import FETCH_MAX_WAIT_MS, GROUP_TIMEOUTS_MS
 from coevolve.services.broker.topics import DEADLETTER
 from coevolve.services.log import get_logger
 
@@ -58,7 +58,7 @@ class EventConsumer:
         common = dict(bootstrap_servers=bootstrap, enable_auto_commit=False,
                       auto_offset_reset="earliest" if from_beginning else "latest",
                       client_id=f"coevolve-{service}", max_poll_records=5000,
-                      fetch_max_bytes=64 * 1024 * 1024)
+                      fetch_max_bytes=64 * 1024 * 1024, fetch_max_wait_ms=FETCH_MAX_WAIT_MS)
         if group_id is None:
             self._consumer = KafkaConsumer(**common)
             parts = self._partitions(topics, metadata_timeout_s)

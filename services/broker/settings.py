@@ -18,3 +18,7 @@ FAUST_GROUP_TIMEOUTS_S = {
     "broker_max_poll_interval": 10.0,
     "broker_rebalance_timeout": 10.0,
 }
+
+# Longest a fetch waits at the broker for data. Tansu holds an empty fetch for the whole wait even when
+# data arrives meanwhile, so kafka-python's default (500 ms) adds up to half a second to every hop.
+FETCH_MAX_WAIT_MS = 50
