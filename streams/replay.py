@@ -152,15 +152,15 @@ def _rollouts_chdb(client, paths: list[Path], pattern_length: int) -> Iterator[t
     from coevolve.services.archive.sqlreplay import _quote
 
     for path in paths:
-        rows = client.query(f"""SELECT event_id, run_id, step, task_id, rollout_index, group_size, score, actions.name
-            FROM file({_quote(path)}, 'Avro') ORDER BY _row_number""").result_rows
-        for row in rows:
-            try:
-                r = make_rollout(*row, row[0])
-            except InvalidEvent as exc:
-                yield "invalid", row[0], str(exc)
-                continue
-            yield r, patterns_of(r[7], pattern_length)
+        with client.query_rows_stream(f"""SELECT event_id, run_id, step, task_id, rollout_index, group_size,
+                score, actions.name FROM file({_quote(path)}, 'Avro') ORDER BY _row_number""") as rows:
+            for row in rows:
+                try:
+                    r = make_rollout(*row, row[0])
+                except InvalidEvent as exc:
+                    yield "invalid", row[0], str(exc)
+                    continue
+                yield r, patterns_of(r[7], pattern_length)
 
 
 def _fill_evidence(client, signals: list[Signal], paths: list[Path], limits: EvidenceLimits) -> None:
