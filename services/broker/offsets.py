@@ -14,6 +14,9 @@ from typing import TypeVar
 
 from kafka import KafkaConsumer, TopicPartition
 
+from coevolve.services.log import get_logger
+
+log = get_logger("broker")
 TP = TypeVar("TP", bound=tuple)
 PROBE_TIMEOUT_S = 5.0
 
@@ -42,4 +45,7 @@ def true_end_offsets(bootstrap: str, reported: Mapping[TP, int | None],
                     consumer.pause(ktp)
     finally:
         consumer.close()
+    if waiting:
+        log.warning("end_offsets.unprobed", partitions=sorted(f"{t.topic}:{t.partition}" for t in waiting),
+                    timeout_s=timeout_s, hint="their reported ends are kept; on Tansu they may be short")
     return ends

@@ -190,3 +190,4 @@ def test_true_end_offsets_count_every_record_of_a_partitions_last_batch(broker):
     consumer.close()
     assert true_end_offsets(broker.bootstrap, reported) == {tps[0]: 15, tps[1]: 0}
     assert true_end_offsets(broker.bootstrap, {tps[0]: 15}) == {tps[0]: 15}, "a correct end stays as it is"
+    assert true_end_offsets(broker.bootstrap, {tps[0]: 100}, timeout_s=1) == {tps[0]: 100}, "never lowered"
