@@ -14,7 +14,6 @@ import io
 import json
 import multiprocessing
 import time
-import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -166,19 +165,13 @@ def _rollouts_chdb(client, paths: list[Path], pattern_length: int) -> Iterator[t
 def _fill_evidence(client, signals: list[Signal], paths: list[Path], limits: EvidenceLimits) -> None:
     """Replace the event ids standing in for trajectories in the signals' evidence with the evidence
     itself, read from the files (the first valid occurrence of each id, shaped as `rollout_of` does)."""
-    from coevolve.services.archive.sqlreplay import _evidence, insert_rows
+    from coevolve.services.archive.sqlreplay import evidence_of
 
     lists = [s.evidence["trajectories"] for s in signals if s.evidence.get("trajectories")]
-    wanted = sorted({e for lst in lists for e in lst if isinstance(e, str)})
+    wanted = {e for lst in lists for e in lst if isinstance(e, str)}
     if not wanted:
         return
-    table = f"replay_ids_{uuid.uuid4().hex[:8]}"
-    client.command(f"CREATE TEMPORARY TABLE {table} (event_id String) ENGINE = Memory")
-    try:
-        insert_rows(client, table, ([i] for i in wanted))
-        found = _evidence(client, table, ("files", paths), limits)
-    finally:
-        client.command(f"DROP TEMPORARY TABLE IF EXISTS {table}")
+    found = evidence_of(client, wanted, ("files", paths), limits)
     for lst in lists:
         lst[:] = [found[e] if isinstance(e, str) else e for e in lst]
 
@@ -269,13 +262,17 @@ def read_signal_topic(bootstrap: str, topic: str, idle_s: float = 2.0) -> list[d
     return list(seen.values())
 
 
+def summary_lines(events: int, seconds: float, outcomes: dict, counts: dict[str, int]) -> list[str]:
+    """The report's first two lines: events, rate and outcomes; signal counts by kind."""
+    rate = events / seconds if seconds else 0.0
+    return [f"replayed {events} trajectory events in {seconds:.2f} s ({rate:,.0f}/s); "
+            + " ".join(f"{k}={v}" for k, v in outcomes.items()),
+            "signals: " + " ".join(f"{k}={v}" for k, v in counts.items()) + f" total={sum(counts.values())}"]
+
+
 def report(result: ReplayResult, compare: list[dict] | None = None) -> str:
     """The summary a user reads: counts by kind, and the diff against `compare` if given."""
-    counts = summarize(result.signals)
-    rate = result.events / result.seconds if result.seconds else 0.0
-    lines = [f"replayed {result.events} trajectory events in {result.seconds:.2f} s ({rate:,.0f}/s); "
-             + " ".join(f"{k}={v}" for k, v in result.outcomes.items()),
-             "signals: " + " ".join(f"{k}={v}" for k, v in counts.items()) + f" total={sum(counts.values())}"]
+    lines = summary_lines(result.events, result.seconds, result.outcomes, summarize(result.signals))
     if compare is not None:
         d = diff((s.to_json() for s in result.signals), compare)
         lines.append(f"compared with {len(compare)} signals: +{len(d['added'])} -{len(d['removed'])}")

@@ -13,7 +13,7 @@ import clickhouse_connect
 from coevolve.services.archive.sqllines import replay_sql_lines
 from coevolve.services.archive.sqlreplay import archive_source, file_source, replay_sql
 from coevolve.services.archive.store import connect
-from coevolve.streams.replay import ReplayResult, deliver, load_reference
+from coevolve.streams.replay import ReplayResult, deliver, load_reference, summary_lines
 from coevolve.streams.signals import KINDS, Thresholds
 
 
@@ -46,8 +46,5 @@ def _outcomes(stats: dict) -> dict:
 
 def _lines_report(stats: dict) -> str:
     """The report `report` prints, from the counts the SQL replay took."""
-    seconds, counts = stats["seconds"], stats["counts"]
-    rate = stats["events"] / seconds if seconds else 0.0
-    return "\n".join([f"replayed {stats['events']} trajectory events in {seconds:.2f} s ({rate:,.0f}/s); "
-                      + " ".join(f"{k}={v}" for k, v in _outcomes(stats).items()),
-                      "signals: " + " ".join(f"{k}={counts[k]}" for k in KINDS) + f" total={sum(counts.values())}"])
+    counts = {kind: stats["counts"][kind] for kind in KINDS}
+    return "\n".join(summary_lines(stats["events"], stats["seconds"], _outcomes(stats), counts))

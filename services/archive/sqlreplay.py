@@ -250,8 +250,20 @@ def rare_sql(counted: str, rare: str, keep: int) -> str:
     GROUP BY h.sk, h.p"""
 
 
+def evidence_of(client, event_ids, source: tuple[str, object], limits: EvidenceLimits) -> dict[str, dict]:
+    """Each listed trajectory's evidence, from the archive or the files of `source` (a Source's
+    `evidence`); the ids go in a temporary table for the query."""
+    ids_table = f"replay_ids_{uuid.uuid4().hex[:8]}"
+    client.command(f"CREATE TEMPORARY TABLE {ids_table} (event_id String) ENGINE = Memory")
+    try:
+        insert_rows(client, ids_table, ([i] for i in sorted(event_ids)))
+        return _evidence(client, ids_table, source, limits)
+    finally:
+        client.command(f"DROP TEMPORARY TABLE IF EXISTS {ids_table}")
+
+
 def _evidence(client, ids_table: str, source: tuple[str, object], limits: EvidenceLimits) -> dict[str, dict]:
-    """Each listed trajectory's evidence, shaped and truncated as streams.signals.rollout_of does."""
+    """Each trajectory in `ids_table`, shaped and truncated as streams.signals.rollout_of does."""
     kind, where = source
     oc, ac, na = limits.observation_chars, limits.arguments_chars, limits.max_actions
     wanted = f"event_id IN (SELECT event_id FROM {ids_table})"
@@ -291,8 +303,8 @@ def replay_sql(client, source: Source, thresholds: Thresholds = Thresholds(),
         return _replay_sql(client, source, thresholds, limits, evidence)
 
 
-STAGES = ("first", "triggers", "groups", "members", "cuts", "counted", "attempts", "keys", "rare", "ids",
-          "raised", "tasks")
+STAGES = ("first", "triggers", "groups", "members", "cuts", "counted", "attempts", "keys", "rare", "raised",
+          "tasks")
 
 
 @contextlib.contextmanager
@@ -338,10 +350,8 @@ def _replay_sql(client, source: Source, thresholds: Thresholds, limits: Evidence
         sql_seconds = time.perf_counter() - started
         trajectories = {}
         if evidence:
-            wanted = sorted({r[1] for row in attempts for r in rollouts[row[3]]} | {i for row in rare for i in row[7]})
-            client.command(f"CREATE TEMPORARY TABLE {t['ids']} (event_id String) ENGINE = Memory")
-            insert_rows(client, t["ids"], ([i] for i in wanted))
-            trajectories = _evidence(client, t["ids"], source.evidence, limits)
+            wanted = {r[1] for row in attempts for r in rollouts[row[3]]} | {i for row in rare for i in row[7]}
+            trajectories = evidence_of(client, wanted, source.evidence, limits)
         stats = log_stats(client, t)
     signals: list[Signal] = []
     tau = th.success_threshold
