@@ -219,9 +219,9 @@ def build_app(cfg: StreamsConfig, metrics: Metrics) -> faust.App:
                 best = candidates.setdefault((run_id, step), {})
                 items, evidence = [], {}
                 for r in rollouts:
-                    pattern_counts = sig.patterns_of(r[7], th.pattern_length)
-                    items.append([r[0], r[3], pattern_counts])
-                    if sig.offer_candidate(best, r[0], pattern_counts, limits.rare_trajectories):
+                    keys = sig.pattern_keys(r[7], th.pattern_length)
+                    items.append([r[0], r[3], keys])
+                    if sig.offer_candidate(best, r[0], keys, limits.rare_trajectories):
                         evidence[r[0]] = r[8]
                 body = json.dumps({"kind": "counts", "run_id": run_id, "step": step, "items": items,
                                    "evidence": evidence}, separators=(",", ":")).encode()
@@ -278,7 +278,7 @@ def build_app(cfg: StreamsConfig, metrics: Metrics) -> faust.App:
                     for key, state in list(step_to_counts.items()) + [(k, v) for k, (e, v) in writes.items()]:
                         if state["p"] == p and not state["closed"] and now - state["touched"] > cfg.grace_s:
                             writes[key] = (ev, state)
-                            raised.extend(sig.close_step(state, state["run_id"], state["step"], th, True))
+                            raised.extend(sig.close_step(state, state["run_id"], state["step"], th, True, limits))
                     continue
                 key = step_key(body["run_id"], body["step"])
                 state = writes[key][1] if key in writes else step_to_counts.get(key)
@@ -292,10 +292,10 @@ def build_app(cfg: StreamsConfig, metrics: Metrics) -> faust.App:
                     sig.set_trajectory_count(state, body["count"])
                 else:
                     evidence = body["evidence"]
-                    for event_id, task_id, pattern_counts in body["items"]:
-                        sig.count_rollout(state, event_id, task_id, pattern_counts, evidence.get(event_id), limits)
+                    for event_id, task_id, keys in body["items"]:
+                        sig.count_rollout(state, event_id, task_id, keys, evidence.get(event_id))
                 if sig.step_complete(state):
-                    raised.extend(sig.close_step(state, body["run_id"], body["step"], th, False))
+                    raised.extend(sig.close_step(state, body["run_id"], body["step"], th, False, limits))
             emit(sends, raised, int(now * 1000))
             await send_all(sends)
             write(step_to_counts, writes)

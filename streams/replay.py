@@ -22,7 +22,7 @@ import fastavro
 
 from coevolve.schemas.container import LogFileError, log_paths
 from coevolve.streams.signals import (EvidenceLimits, InvalidEvent, Replayer, Signal, Thresholds, diff,
-                                      iter_json_lines, make_rollout, patterns_of, rollout_of, summarize)
+                                      iter_json_lines, make_rollout, pattern_keys, rollout_of, summarize)
 
 CHUNK_BYTES = 512 * 1024  # trajectory bytes one decode task covers
 DECODERS = ("chdb", "fastavro")
@@ -85,7 +85,7 @@ def _chunks(path: Path) -> tuple[bytes, list[tuple[int, int]]]:
 
 
 def _decode_chunk(task: tuple[str, bytes, int, int, EvidenceLimits, int]) -> list:
-    """Decode one block range to (rollout, pattern counts); an invalid one to ('invalid', id, reason)."""
+    """Decode one block range to (rollout, pattern keys); an invalid one to ('invalid', id, reason)."""
     path, header, offset, length, limits, pattern_length = task
     with open(path, "rb") as fh:
         fh.seek(offset)
@@ -97,7 +97,7 @@ def _decode_chunk(task: tuple[str, bytes, int, int, EvidenceLimits, int]) -> lis
         except (InvalidEvent, KeyError, TypeError) as exc:
             out.append(("invalid", str(event.get("event_id")), str(exc)))
             continue
-        out.append((r, patterns_of(r[7], pattern_length)))
+        out.append((r, pattern_keys(r[7], pattern_length)))
     return out
 
 
@@ -146,7 +146,7 @@ def _feed(replayer: Replayer, items: Iterable[tuple]) -> int:
 
 
 def _rollouts_chdb(client, paths: list[Path], pattern_length: int) -> Iterator[tuple]:
-    """Each trajectory in file order, read by ClickHouse: (rollout, pattern counts), its event id standing
+    """Each trajectory in file order, read by ClickHouse: (rollout, pattern keys), its event id standing
     in for its evidence; or ('invalid', id, reason)."""
     from coevolve.services.archive.sqlreplay import _quote
 
@@ -159,7 +159,7 @@ def _rollouts_chdb(client, paths: list[Path], pattern_length: int) -> Iterator[t
                 except InvalidEvent as exc:
                     yield "invalid", row[0], str(exc)
                     continue
-                yield r, patterns_of(r[7], pattern_length)
+                yield r, pattern_keys(r[7], pattern_length)
 
 
 def _fill_evidence(client, signals: list[Signal], paths: list[Path], limits: EvidenceLimits) -> None:

@@ -15,9 +15,10 @@ for other implementations, e.g. SQL):
 - Attempts, per (run, task): `new_task_state()`, `record_rollout(state, rollout, th)` ->
   (outcome, signals) with outcome ACCEPTED, DUPLICATE or LATE; `close_groups(state, step, th)` closes
   every open group at a step <= `step` (its completed-step event, or the end of the input).
-- Rare, per (run, step): `new_step_state()`, `count_rollout(state, event_id, task_id, counts, evidence,
-  limits)`, `set_trajectory_count(state, n)`, `step_complete(state)`, `close_step(state, run, step, th,
-  incomplete)` -> signals.
+- Rare, per (run, step): `new_step_state()`, `count_rollout(state, event_id, task_id, keys, evidence)`
+  with keys from `pattern_keys(names, n)`, `set_trajectory_count(state, n)`, `step_complete(state)`,
+  `close_step(state, run, step, th, incomplete, limits)` -> signals. Counting only records the
+  trajectory; the counts, tasks and evidence are taken at close, in bulk.
 - `replay_signals(events, th, limits)`: the whole log, (record name, event) pairs, to signals;
   `Replayer` is the same, incrementally.
 
@@ -34,8 +35,10 @@ import bisect
 import hashlib
 import json
 import math
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import chain
 
 KINDS = ("forgetting", "boundary", "rare")
 ACCEPTED, DUPLICATE, LATE = "accepted", "duplicate", "late"
@@ -163,17 +166,12 @@ def make_rollout(event_id: str, run_id: str, step: int, task_id: str, rollout_in
     return (event_id, run_id, step, task_id, rollout_index, group_size, float(score), tuple(names), evidence)
 
 
-def patterns_of(names, n: int) -> dict[str, int]:
-    """Occurrences of each run of n consecutive names; a trajectory shorter than n has none."""
-    counts: dict[str, int] = {}
+def pattern_keys(names, n: int) -> list[str]:
+    """Every occurrence of a run of n consecutive names, as dict keys (a list, repeats kept); a
+    trajectory shorter than n has none."""
     if n == 1:
-        for name in names:
-            counts[name] = counts.get(name, 0) + 1
-    else:
-        for i in range(len(names) - n + 1):
-            key = SEP.join(names[i:i + n])
-            counts[key] = counts.get(key, 0) + 1
-    return counts
+        return list(names)
+    return [SEP.join(names[i:i + n]) for i in range(len(names) - n + 1)]
 
 
 # ---- attempts: forgetting and boundary, per (run, task) ----
@@ -256,55 +254,31 @@ def _attempt_evidence(rollouts, scores, score, previous) -> dict:
 
 def new_step_state() -> dict:
     """expected: the step's trajectory_count (None until its completed-step event); seen: event ids
-    counted; counts: pattern -> c_p; total: N; tasks: pattern -> {task_id: 1}; evidence: pattern ->
-    [[event_id, trajectory], ...], the smallest event ids first; closed: done."""
-    return {"expected": None, "seen": {}, "counts": {}, "total": 0, "tasks": {}, "evidence": {},
-            "closed": False}
+    counted; rows: [[event_id, task_id, pattern keys], ...] in counting order; evidence: event_id ->
+    trajectory, for those a signal may carry; closed: done. Counts are taken when the step closes."""
+    return {"expected": None, "seen": {}, "rows": [], "evidence": {}, "closed": False}
 
 
-def count_rollout(state: dict, event_id: str, task_id: str, counts: dict, evidence: dict | None,
-                  limits: EvidenceLimits) -> bool:
-    """Count one trajectory's patterns once (by event id); return whether it was new."""
+def count_rollout(state: dict, event_id: str, task_id: str, keys: list, evidence) -> bool:
+    """Count one trajectory's pattern keys (from `pattern_keys`) once, by event id; `evidence` is what a
+    signal would carry for it (None: it cannot be among the smallest ids; see `offer_candidate`).
+    Return whether it was new."""
     seen = state["seen"]
     if state["closed"] or event_id in seen:
         return False
     seen[event_id] = 1
-    totals, tasks, evs = state["counts"], state["tasks"], state["evidence"]
-    keep = limits.rare_trajectories
-    n = 0
-    for p, c in counts.items():
-        n += c
-        totals[p] = totals.get(p, 0) + c
-        t = tasks.get(p)
-        if t is None:
-            tasks[p] = {task_id: 1}
-            evs[p] = [[event_id, evidence]] if keep > 0 else []
-            continue
-        t[task_id] = 1
-        ev = evs[p]
-        if len(ev) < keep or (keep > 0 and event_id < ev[-1][0]):
-            bisect.insort(ev, [event_id, evidence], key=lambda e: e[0])
-            del ev[keep:]
-    state["total"] += n
+    state["rows"].append([event_id, task_id, keys])
+    if evidence is not None:
+        state["evidence"][event_id] = evidence
     return True
 
 
-def wants_evidence(state: dict, event_id: str, counts: dict, limits: EvidenceLimits) -> bool:
-    """Whether a trajectory could enter some pattern's evidence (so its evidence must be sent)."""
-    evs = state["evidence"]
-    for p in counts:
-        ev = evs.get(p)
-        if ev is None or len(ev) < limits.rare_trajectories or event_id < ev[-1][0]:
-            return True
-    return False
-
-
-def offer_candidate(best: dict, event_id: str, counts: dict, keep: int) -> bool:
+def offer_candidate(best: dict, event_id: str, keys, keep: int) -> bool:
     """Track, per pattern, the `keep` smallest event ids seen so far (by one sender); return whether
     this trajectory is among them for some pattern. If not, it cannot be among the smallest of all
     senders either, so its evidence need not be sent to `count_rollout`."""
     wanted = False
-    for p in counts:
+    for p in set(keys):
         ids = best.get(p)
         if ids is None:
             best[p] = [event_id]
@@ -324,23 +298,33 @@ def step_complete(state: dict) -> bool:
     return state["expected"] is not None and len(state["seen"]) >= state["expected"]
 
 
-def close_step(state: dict, run_id: str, step: int, th: Thresholds, incomplete: bool) -> list[Signal]:
-    """Raise rare for every pattern with 0 < c_p / N < theta / 100; mark the step closed."""
+def close_step(state: dict, run_id: str, step: int, th: Thresholds, incomplete: bool,
+               limits: EvidenceLimits = EvidenceLimits()) -> list[Signal]:
+    """Raise rare for every pattern with 0 < c_p / N < theta / 100, with the tasks that used it and the
+    evidence of its `limits.rare_trajectories` smallest event ids; mark the step closed."""
     state["closed"] = True
-    total = state["total"]
-    out = []
+    rows = state["rows"]
+    counts = Counter(chain.from_iterable(row[2] for row in rows))
+    total = sum(counts.values())
     limit = th.rare_threshold * total
-    for p in sorted(state["counts"]):
-        c = state["counts"][p]
-        if 0 < c and 100 * c < limit:
+    rare = {p for p, c in counts.items() if 0 < c and 100 * c < limit}
+    out = []
+    if rare:
+        tasks: dict[str, set] = {p: set() for p in rare}
+        ids: dict[str, list] = {p: [] for p in rare}
+        for event_id, task_id, keys in rows:
+            for p in rare.intersection(keys):
+                tasks[p].add(task_id)
+                ids[p].append(event_id)
+        evidence, keep = state["evidence"], limits.rare_trajectories
+        for p in sorted(rare):
             pattern = tuple(p.split(SEP))
             out.append(Signal("rare", run_id, step, " > ".join(pattern), th, pattern=pattern,
                               incomplete=incomplete, evidence={
-                                  "pattern_count": c, "pattern_total": total,
-                                  "task_ids": sorted(state["tasks"][p]),
-                                  "trajectories": [e[1] for e in state["evidence"][p]]}))
-    for name in ("seen", "counts", "tasks", "evidence"):
-        state[name] = {}
+                                  "pattern_count": counts[p], "pattern_total": total,
+                                  "task_ids": sorted(tasks[p]),
+                                  "trajectories": [evidence.get(e) for e in sorted(ids[p])[:keep]]}))
+    state["seen"], state["rows"], state["evidence"] = {}, [], {}
     return out
 
 
@@ -379,8 +363,8 @@ class Replayer:
         elif name == "StepCompleted":
             self.add_step(event)
 
-    def add_rollout(self, r: Rollout, patterns: dict | None = None) -> str:
-        """Process one rollout; `patterns` are its pattern counts if already computed."""
+    def add_rollout(self, r: Rollout, keys: list | None = None) -> str:
+        """Process one rollout; `keys` are its pattern keys if already computed."""
         run_id, step = r[1], r[2]
         pending = self.pending.get(run_id)
         if pending and pending[0][0] < step:
@@ -404,11 +388,11 @@ class Replayer:
         if sstate is None:
             sstate = self.steps[skey] = new_step_state()
         if not sstate["closed"]:
-            if patterns is None:
-                patterns = patterns_of(r[7], self.th.pattern_length)
-            count_rollout(sstate, r[0], r[3], patterns, r[8], self.limits)
+            if keys is None:
+                keys = pattern_keys(r[7], self.th.pattern_length)
+            count_rollout(sstate, r[0], r[3], keys, r[8])
             if step_complete(sstate):
-                self.signals += close_step(sstate, run_id, step, self.th, False)
+                self.signals += close_step(sstate, run_id, step, self.th, False, self.limits)
         return outcome
 
     def _apply_steps(self, run_id: str, below: int) -> None:
@@ -428,7 +412,7 @@ class Replayer:
         if count is not None and not sstate["closed"]:
             set_trajectory_count(sstate, count)
             if step_complete(sstate):
-                self.signals += close_step(sstate, run_id, step, self.th, False)
+                self.signals += close_step(sstate, run_id, step, self.th, False, self.limits)
 
     def finish(self) -> list[Signal]:
         """Apply the remaining completed-step records, then close every open group and step."""
@@ -440,7 +424,7 @@ class Replayer:
         self.open_by_step.clear()
         for (run_id, step), sstate in sorted(self.steps.items()):
             if not sstate["closed"]:
-                self.signals += close_step(sstate, run_id, step, self.th, not step_complete(sstate))
+                self.signals += close_step(sstate, run_id, step, self.th, not step_complete(sstate), self.limits)
         return self.signals
 
 

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from coevolve.streams.signals import (ACCEPTED, DUPLICATE, LATE, EvidenceLimits, InvalidEvent, Replayer,
-                                      Signal, Thresholds, close_groups, new_task_state, patterns_of,
+                                      Signal, Thresholds, close_groups, new_task_state, pattern_keys,
                                       record_rollout, replay_signals, rollout_of, signal_id)
 
 TH = Thresholds()
@@ -153,11 +153,11 @@ def test_runs_are_independent():
 
 # ---- rare ----
 
-def test_patterns_of_length_n_and_short_trajectories():
-    assert patterns_of(("a", "b", "a"), 1) == {"a": 2, "b": 1}
-    assert patterns_of(("a", "b", "a"), 2) == {"a\x1fb": 1, "b\x1fa": 1}
-    assert patterns_of(("a",), 2) == {}
-    assert patterns_of((), 1) == {}
+def test_pattern_keys_length_n_and_short_trajectories():
+    assert pattern_keys(("a", "b", "a"), 1) == ["a", "b", "a"]
+    assert pattern_keys(("a", "b", "a"), 2) == ["a\x1fb", "b\x1fa"]
+    assert pattern_keys(("a",), 2) == []
+    assert pattern_keys((), 1) == []
 
 
 def _rare_log(counts: dict[str, int], per_traj=1, n_steps=1):
@@ -249,7 +249,8 @@ def test_thresholds_validate():
 def test_offer_candidate_sends_only_what_can_be_among_the_smallest():
     from coevolve.streams.signals import offer_candidate
     best: dict = {}
-    assert offer_candidate(best, "e5", {"a": 1}, 2) and offer_candidate(best, "e7", {"a": 1}, 2)
-    assert not offer_candidate(best, "e9", {"a": 1}, 2)  # two smaller ids for its only pattern
-    assert offer_candidate(best, "e9", {"a": 1, "b": 1}, 2)  # first for pattern b
-    assert offer_candidate(best, "e1", {"a": 1}, 2) and best["a"] == ["e1", "e5"]
+    assert offer_candidate(best, "e5", ["a", "a"], 2) and offer_candidate(best, "e7", ["a"], 2)
+    assert best["a"] == ["e5", "e7"]  # a repeated key offers its trajectory once
+    assert not offer_candidate(best, "e9", ["a"], 2)  # two smaller ids for its only pattern
+    assert offer_candidate(best, "e9", ["a", "b"], 2)  # first for pattern b
+    assert offer_candidate(best, "e1", ["a"], 2) and best["a"] == ["e1", "e5"]
