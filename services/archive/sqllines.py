@@ -6,8 +6,8 @@ tau): those it decides with `attempt_sql` and, near tau, with math.fsum as the r
 the raised attempt signals back to ClickHouse, which computes each id (the same SHA-256 of the same
 JSON text as `streams.signals.signal_id`), formats every line and sorts them; the bytes equal those
 `write_jsonl(signals, evidence=False)` writes. JSON text needs no escaping when every string is
-printable ASCII without `"` or `\\`; a line with another string comes back empty, and then the whole
-set is built by the Python formatting instead.
+printable ASCII without `"` or `\\`; ClickHouse checks that first, on the distinct strings, and if one
+is not, the whole set is built by the Python formatting instead.
 """
 from __future__ import annotations
 
@@ -25,25 +25,32 @@ UNSAFE = r"[^\x20\x21\x23-\x5b\x5d-\x7e]"  # any character JSON would escape
 
 
 def lines_sql(t: dict[str, str], th: Thresholds) -> str:
-    """Every raised signal's JSON line, in (run_id, step, kind, subject) order; '' where a string is unsafe."""
+    """Every raised signal's JSON line, in (run_id, step, kind, subject) order (strings JSON need not
+    escape: see `unsafe_sql`)."""
     key = literal(json.dumps(th.key(), separators=(",", ":")))
     record = literal(json.dumps(th.as_record(), separators=(",", ":")))
-    unsafe = literal(UNSAFE)
     return f"""
-    SELECT if(safe, concat('{{"id":"', lower(substring(hex(SHA256(concat('["', kind, '","', run_id, '",',
+    SELECT concat('{{"id":"', lower(substring(hex(SHA256(concat('["', kind, '","', run_id, '",',
                   toString(step), ',"', subject, '",', {key}, ']'))), 1, 32)),
               '","type":"', kind, '","run_id":"', run_id, '","step":', toString(step), ',"subject":"', subject,
               '","task_id":', if(kind = 'rare', 'null', concat('"', subject, '"')),
               ',"pattern":', if(kind = 'rare', concat('["', replaceAll(subject, ' > ', '","'), '"]'), '[]'),
-              ',"incomplete":', if(incomplete, 'true', 'false'), ',"thresholds":', {record}, '}}'), '') AS line
-    FROM (
-        SELECT kind, run_id, step, subject, incomplete,
-               NOT match(run_id, {unsafe}) AND NOT match(subject, {unsafe}) AND NOT position(p, ' > ') AS safe
-        FROM (SELECT kind, run_id, step, task_id AS subject, false AS incomplete, '' AS p FROM {t['raised']}
-              UNION ALL
-              SELECT 'rare', c.run_id, c.step, replaceAll(r.p, '{SEP}', ' > '), c.incomplete, r.p
-              FROM {t['rare']} AS r INNER JOIN {t['cuts']} AS c ON r.sk = c.sk))
+              ',"incomplete":', if(incomplete, 'true', 'false'), ',"thresholds":', {record}, '}}') AS line
+    FROM (SELECT kind, run_id, step, task_id AS subject, false AS incomplete FROM {t['raised']}
+          UNION ALL
+          SELECT 'rare', c.run_id, c.step, replaceAll(r.p, '{SEP}', ' > '), c.incomplete
+          FROM {t['rare']} AS r INNER JOIN {t['cuts']} AS c ON r.sk = c.sk)
     ORDER BY run_id, step, kind, subject"""
+
+
+def unsafe_sql(t: dict[str, str]) -> str:
+    """How many distinct strings of the signal set JSON would escape, and pattern names holding ' > '
+    (a pattern's JSON list is cut from its subject)."""
+    unsafe = literal(UNSAFE)
+    return f"""
+    SELECT countIf(match(v, {unsafe})) + (SELECT countIf(position(p, ' > ') > 0) FROM (SELECT DISTINCT p FROM {t['rare']}))
+    FROM (SELECT DISTINCT run_id AS v FROM {t['cuts']} UNION ALL SELECT DISTINCT task_id FROM {t['raised']}
+          UNION ALL SELECT DISTINCT replaceAll(p, '{SEP}', ' > ') FROM {t['rare']})"""
 
 
 def _forgetting_of(client, t: dict[str, str], th: Thresholds, unsettled: dict[int, int]) -> list[list]:
@@ -87,21 +94,22 @@ def replay_sql_lines(client, source: Source, thresholds: Thresholds, output: Pat
             raised += _forgetting_of(client, t, th, unsettled)
         counts = {kind: sum(r[0] == kind for r in raised) for kind in ("forgetting", "boundary")}
         counts["rare"] = int(client.query(f"SELECT count() FROM {t['rare']}").result_rows[0][0])
+        unsafe = 0
         if output is not None:
             client.command(f"CREATE TEMPORARY TABLE {t['raised']} (kind String, run_id String, step Int64, "
                            "task_id String) ENGINE = Memory")
             insert_rows(client, t["raised"], raised)
-            _write(client, lines_sql(t, th), Path(output), local)
+            unsafe = int(client.query(unsafe_sql(t)).result_rows[0][0])
+            if not unsafe:
+                _write(client, lines_sql(t, th), Path(output), local)
         events, valid = log_stats(client, t)
     stats = {"events": events, "valid": valid, "unsettled": len(unsettled), "counts": counts,
              "sql_seconds": time.perf_counter() - started}
-    if output is not None:
-        body = Path(output).read_bytes()
-        if body.startswith(b"\n") or b"\n\n" in body:  # a string that needs escaping: format in Python
-            signals, _ = replay_sql(client, source, th, EvidenceLimits(), evidence=False)
-            Path(output).write_bytes(b"".join(json.dumps(s.to_json(evidence=False), separators=(",", ":")).encode()
-                                              + b"\n" for s in signals))
-            stats["formatted_by"] = "python"
+    if unsafe:  # a string that needs escaping: format in Python
+        signals, _ = replay_sql(client, source, th, EvidenceLimits(), evidence=False)
+        Path(output).write_bytes(b"".join(json.dumps(s.to_json(evidence=False), separators=(",", ":")).encode()
+                                          + b"\n" for s in signals))
+        stats["formatted_by"] = "python"
     stats["seconds"] = time.perf_counter() - started
     return stats
 

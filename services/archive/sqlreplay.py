@@ -18,6 +18,10 @@ SQL picks every attempt within 1e-9 of tau as a forgetting candidate; the final 
 means uses math.fsum, as the reference does, because sumKahan is not exactly rounded (a mean of
 exactly tau would otherwise flip). Each stage is materialized as a temporary table: inlined CTEs with
 joins ran an order of magnitude slower. Group, step and pattern keys are 64-bit hashes of their columns.
+The heavy passes over every trajectory are few: one aggregation per group gives the attempt when no
+rollout of the group is late (the common case), and rare counts read the first occurrences minus a
+short list of excluded positions (late, or past their step's cut); only groups with late rollouts and
+steps with more accepted rollouts than their trajectory_count are recomputed from their positions.
 
 Known difference: the reference forgets a task's closed attempts beyond max(W, 16) and then calls a
 first rollout at or below the forgotten steps late; here the look-back is W + 16 attempts and nothing
@@ -105,10 +109,6 @@ def stage_sql(t: dict[str, str], source: Source, th: Thresholds, slim: bool = Fa
                argMin(group_size, at) AS group_size, argMin(score, at) AS score, argMin(names, at) AS names,
                count() AS copies
         FROM (SELECT *, pos AS at FROM ({source.trajectories})) GROUP BY event_id"""
-    n = th.pattern_length
-    patterns = "names" if n == 1 else (
-        f"arrayMap(i -> arrayStringConcat(arraySlice(names, i, {n}), '{SEP}'), "
-        f"range(1, toUInt64(greatest(length(names) - {n} + 2, 1))))")
     return [
         # first occurrences (copies: how often each was in the log), whether valid, with hashed group
         # (run, task, step) and step (run, step) keys; later stages read the valid ones
@@ -131,45 +131,80 @@ def stage_sql(t: dict[str, str], source: Source, th: Thresholds, slim: bool = Fa
                    ifNull(minOrNull(first_pos) OVER (PARTITION BY run_id ORDER BY step DESC
                           ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), {INF}) AS trigger_pos
             FROM steps_all"""),
-        # a group closes at its gsize-th rollout or at the first trigger after it opened
+        # every group's statistics over its valid rollouts, in one pass
+        ("opened", f"""
+            SELECT gk, any(run_id) AS run_id, any(task_id) AS task_id, any(step) AS step, any(sk) AS sk,
+                   min(pos) AS p1, argMin(group_size, pos) AS gsize, count() AS n, max(pos) AS mx,
+                   sumKahan(score) AS total, min(score) AS lo, max(score) AS hi
+            FROM {t['first']} WHERE valid GROUP BY gk"""),
+        # a group closes at its gsize-th rollout or at the first trigger after it opened (cut: the first
+        # late position); `exact`: no rollout is late, so its statistics are the attempt's
         ("groups", f"""
             WITH fired AS (SELECT run_id, trigger_pos, 1 AS hit FROM {t['triggers']}
                            WHERE expected IS NOT NULL AND trigger_pos != {INF}),
-            opened AS (SELECT gk, any(run_id) AS run_id, min(pos) AS p1, argMin(group_size, pos) AS gsize,
-                              arraySort(groupArray(pos)) AS ps
-                       FROM {t['first']} WHERE valid GROUP BY gk),
-            SELECT o.gk AS gk, o.gsize AS gsize, if(f.hit = 1, f.trigger_pos, {INF}) AS close_by,
-                   least(close_by, if(length(o.ps) >= o.gsize, o.ps[o.gsize] + 1, {INF})) AS cut
-            FROM opened AS o ASOF LEFT JOIN fired AS f ON o.run_id = f.run_id AND o.p1 < f.trigger_pos"""),
-        ("members", f"""SELECT r.*, g.gsize AS gsize, g.close_by AS close_by
-            FROM {t['first']} AS r INNER JOIN {t['groups']} AS g ON r.gk = g.gk WHERE r.valid AND r.pos < g.cut"""),
-        # rare counts a step's first max(trajectory_count, accepted before its trigger) accepted rollouts
+            kth AS (SELECT gk, arraySort(groupArray(pos)) AS ps FROM {t['first']}
+                    WHERE valid AND gk IN (SELECT gk FROM {t['opened']} WHERE n > gsize) GROUP BY gk)
+            SELECT o.gk AS gk, o.run_id AS run_id, o.* EXCEPT (gk, run_id), if(f.hit = 1, f.trigger_pos, {INF}) AS close_by,
+                   least(close_by, multiIf(o.n = o.gsize, o.mx + 1, o.n > o.gsize, k.ps[o.gsize] + 1, {INF})) AS cut,
+                   o.n <= o.gsize AND o.mx < close_by AS exact
+            FROM {t['opened']} AS o ASOF LEFT JOIN fired AS f ON o.run_id = f.run_id AND o.p1 < f.trigger_pos
+            LEFT JOIN kth AS k ON o.gk = k.gk"""),
+        # valid rollouts of a closed group: late
+        ("late", f"""SELECT r.pos AS pos FROM {t['first']} AS r
+            INNER JOIN (SELECT gk, cut FROM {t['groups']} WHERE NOT exact) AS g ON r.gk = g.gk
+            WHERE r.valid AND r.pos >= g.cut"""),
+        ("attempts", attempts_sql(t)),
+        # rare counts a step's first max(trajectory_count, accepted before its trigger) accepted rollouts;
+        # only a step with more accepted than its trajectory_count needs their positions
         ("cuts", f"""
-            WITH lim AS (SELECT sk, any(run_id) AS run_id, any(step) AS step, count() AS total,
-                                arraySort(groupArray(pos)) AS ps FROM {t['members']} GROUP BY sk),
+            WITH lim AS (SELECT sk, any(run_id) AS run_id, any(step) AS step, sum(n) AS total
+                         FROM {t['attempts']} GROUP BY sk),
             trig AS (SELECT cityHash64(run_id, step) AS sk, expected,
                             if(expected IS NULL, {INF}, trigger_pos) AS trig FROM {t['triggers']}),
-            SELECT l.sk AS sk, l.run_id AS run_id, l.step AS step, t.expected IS NULL OR l.total < t.expected AS incomplete,
-                   if(t.expected IS NULL, {INF},
-                      toUInt64(greatest(t.expected, toInt64(arrayCount(x -> x < t.trig, l.ps))))) AS kk,
-                   if(kk < l.total, l.ps[kk + 1], {INF}) AS cut
-            FROM lim AS l INNER JOIN trig AS t ON l.sk = t.sk"""),
-        ("counted", f"""SELECT m.sk AS sk, m.run_id AS run_id, m.step AS step, m.task_id AS task_id,
-                   {'' if slim else 'm.event_id AS event_id,'} {patterns.replace('names', 'm.names')} AS patterns,
-                   c.incomplete AS incomplete
-            FROM {t['members']} AS m INNER JOIN {t['cuts']} AS c ON m.sk = c.sk WHERE m.pos < c.cut"""),
+            over AS (SELECT l.sk AS sk FROM lim AS l INNER JOIN trig AS t ON l.sk = t.sk
+                     WHERE t.expected IS NOT NULL AND l.total > t.expected),
+            fix AS (SELECT sk, arraySort(groupArray(pos)) AS ps FROM {t['first']}
+                    WHERE valid AND sk IN (SELECT sk FROM over) AND pos NOT IN (SELECT pos FROM {t['late']})
+                    GROUP BY sk)
+            SELECT l.sk AS sk, l.run_id AS run_id, l.step AS step,
+                   t.expected IS NULL OR l.total < t.expected AS incomplete,
+                   toUInt64(greatest(t.expected, toInt64(arrayCount(x -> x < t.trig, f.ps)))) AS kk,
+                   if(length(f.ps) > 0 AND kk < l.total, f.ps[kk + 1], {INF}) AS cut
+            FROM lim AS l INNER JOIN trig AS t ON l.sk = t.sk LEFT JOIN fix AS f ON l.sk = f.sk"""),
+        # valid rollouts not counted for rare: late, or past their step's cut
+        ("excluded", f"""SELECT pos FROM {t['late']} UNION ALL
+            SELECT r.pos FROM {t['first']} AS r INNER JOIN (SELECT sk, cut FROM {t['cuts']} WHERE cut != {INF}) AS c
+            ON r.sk = c.sk WHERE r.valid AND r.pos >= c.cut"""),
     ]
 
 
-def attempts_sql(members: str) -> str:
-    """Each closed attempt, as scalars: score (sumKahan), extremes, close position, task key."""
+def counted_sql(t: dict[str, str], th: Thresholds, columns: str = "") -> str:
+    """The rollouts rare counts, with their `patterns` (n consecutive names joined by SEP) and any
+    further `columns` of the first occurrences."""
+    n = th.pattern_length
+    patterns = "names" if n == 1 else (
+        f"arrayMap(i -> arrayStringConcat(arraySlice(names, i, {n}), '{SEP}'), "
+        f"range(1, toUInt64(greatest(length(names) - {n} + 2, 1))))")
+    return f"""SELECT sk, {columns} {patterns} AS patterns FROM {t['first']}
+        WHERE valid AND pos NOT IN (SELECT pos FROM {t['excluded']})"""
+
+
+def attempts_sql(t: dict[str, str]) -> str:
+    """Each closed attempt, as scalars: score (sumKahan), extremes, members, close position, task key.
+    A group with late rollouts is recomputed from its members."""
+    recomputed = f"""
+        SELECT gk, any(run_id) AS run_id, any(task_id) AS task_id, any(step) AS step, any(sk) AS sk,
+               count() AS n, any(gsize) AS gsize, any(close_by) AS close_by, max(pos) AS mx,
+               sumKahan(score) AS total, min(score) AS lo, max(score) AS hi
+        FROM (SELECT r.*, g.gsize AS gsize, g.close_by AS close_by FROM {t['first']} AS r
+              INNER JOIN (SELECT gk, gsize, close_by, cut FROM {t['groups']} WHERE NOT exact) AS g ON r.gk = g.gk
+              WHERE r.valid AND r.pos < g.cut)
+        GROUP BY gk"""
     return f"""
-    SELECT gk, run_id, task_id, step, attempt_score, lo, hi, if(n >= gsize, last_pos, close_by) AS close_pos,
-           cityHash64(run_id, task_id) AS tk
-    FROM (SELECT gk, any(run_id) AS run_id, any(task_id) AS task_id, any(step) AS step, count() AS n,
-                 any(gsize) AS gsize, any(close_by) AS close_by, max(pos) AS last_pos,
-                 sumKahan(score) / count() AS attempt_score, min(score) AS lo, max(score) AS hi
-          FROM {members} GROUP BY gk)"""
+    SELECT gk, run_id, task_id, step, sk, n, total / n AS attempt_score, lo, hi,
+           if(n >= gsize, mx, close_by) AS close_pos, cityHash64(run_id, task_id) AS tk
+    FROM (SELECT gk, run_id, task_id, step, sk, n, gsize, close_by, mx, total, lo, hi FROM {t['groups']} WHERE exact
+          UNION ALL {recomputed})"""
 
 
 def _slack(tau: float) -> float:
@@ -214,39 +249,39 @@ def screen_sql(attempts: str, th: Thresholds) -> str:
     WHERE boundary OR forgetting OR NOT settled"""
 
 
-def rollouts_sql(members: str, keys: str, slim: bool = False) -> str:
-    """The rollouts of the listed groups, in (rollout_index, event_id) order, as the reference sorts them
-    (`slim` members: scores only, as (0, '', score))."""
+def rollouts_sql(t: dict[str, str], keys: str, slim: bool = False) -> str:
+    """The rollouts (members) of the listed groups, in (rollout_index, event_id) order, as the reference
+    sorts them (`slim` stages: scores only, as (0, '', score))."""
     rollout = "(toInt32(0), '', score)" if slim else "(rollout_index, event_id, score)"
     return f"""
-    SELECT gk, arraySort(x -> (x.1, x.2), groupArray({rollout}))
-    FROM {members} WHERE gk IN (SELECT gk FROM {keys}) GROUP BY gk"""
+    SELECT gk, arraySort(x -> (x.1, x.2), groupArray({rollout})) FROM {t['first']}
+    WHERE valid AND gk IN (SELECT gk FROM {keys}) AND pos NOT IN (SELECT pos FROM {t['late']}) GROUP BY gk"""
 
 
-def rare_counts_sql(counted: str, th: Thresholds) -> str:
+def rare_counts_sql(t: dict[str, str], th: Thresholds) -> str:
     """(sk, p, c, total) of every rare pattern: 0 < c_p and 100 c_p < theta N. One 64-bit key per (step,
     pattern) (the pattern's hash is computed once per distinct name, on the LowCardinality dictionary)."""
     return f"""
     SELECT s AS sk, p, c, total FROM (
         SELECT s, p, c, sum(c) OVER (PARTITION BY s) AS total
-        FROM (SELECT bitXor(sk, cityHash64(x)) AS key, any(sk) AS s, any(x) AS p, count() AS c FROM {counted}
-              ARRAY JOIN patterns AS x GROUP BY key))
+        FROM (SELECT bitXor(sk, cityHash64(x)) AS key, any(sk) AS s, any(x) AS p, count() AS c
+              FROM ({counted_sql(t, th)}) ARRAY JOIN patterns AS x GROUP BY key))
     WHERE c > 0 AND 100 * c < {float(th.rare_threshold)} * total"""
 
 
-def rare_sql(counted: str, rare: str, keep: int) -> str:
+def rare_sql(t: dict[str, str], th: Thresholds, keep: int) -> str:
     """Each rare pattern with its counts, the tasks that used it and the `keep` smallest event ids
     (keep 0: counts only, for the signal set without evidence)."""
     if keep == 0:
-        return f"""SELECT s.run_id, s.step, r.p, s.incomplete, r.c, r.total, [], [] FROM {rare} AS r
-            INNER JOIN (SELECT sk, any(run_id) AS run_id, any(step) AS step, any(incomplete) AS incomplete
-                        FROM {counted} GROUP BY sk) AS s ON r.sk = s.sk"""
+        return f"""SELECT c.run_id, c.step, r.p, c.incomplete, r.c, r.total, [], [] FROM {t['rare']} AS r
+            INNER JOIN {t['cuts']} AS c ON r.sk = c.sk"""
     return f"""
-    SELECT any(h.run_id), any(h.step), h.p, any(h.incomplete), any(r.c), any(r.total),
+    SELECT any(c.run_id), any(c.step), h.p, any(c.incomplete), any(r.c), any(r.total),
            arraySort(groupUniqArray(h.task_id)), groupArraySorted({keep})(h.event_id)
-    FROM (SELECT sk, run_id, step, incomplete, event_id, task_id, p FROM {counted}
-          ARRAY JOIN arrayDistinct(patterns) AS p WHERE (sk, p) IN (SELECT sk, p FROM {rare})) AS h
-    INNER JOIN {rare} AS r ON h.sk = r.sk AND h.p = r.p
+    FROM (SELECT sk, event_id, task_id, p FROM ({counted_sql(t, th, 'event_id, task_id,')})
+          ARRAY JOIN arrayDistinct(patterns) AS p WHERE (sk, p) IN (SELECT sk, p FROM {t['rare']})) AS h
+    INNER JOIN {t['rare']} AS r ON h.sk = r.sk AND h.p = r.p
+    INNER JOIN {t['cuts']} AS c ON h.sk = c.sk
     GROUP BY h.sk, h.p"""
 
 
@@ -303,22 +338,46 @@ def replay_sql(client, source: Source, thresholds: Thresholds = Thresholds(),
         return _replay_sql(client, source, thresholds, limits, evidence)
 
 
-STAGES = ("first", "triggers", "groups", "members", "cuts", "counted", "attempts", "keys", "rare", "raised",
-          "tasks")
+STAGES = ("first", "triggers", "opened", "groups", "late", "attempts", "cuts", "excluded", "keys", "rare",
+          "raised", "tasks")
+
+
+JIT_SETTINGS = ("compile_expressions", "compile_aggregate_expressions", "compile_sort_description")
+
+
+@contextlib.contextmanager
+def jit_off(client):
+    """ClickHouse JIT-compiles an expression on its third use in a session. The replay's queries run
+    once each, so the compile costs more than it saves: a replay that hit it ran at half speed. Off
+    for the block (session settings), restored afterwards."""
+    names = ", ".join(map(literal, JIT_SETTINGS))
+    before = client.query(f"SELECT name, value FROM system.settings WHERE name IN ({names})").result_rows
+    for name in JIT_SETTINGS:
+        client.command(f"SET {name} = 0")
+    try:
+        yield
+    finally:
+        for name, value in before:
+            client.command(f"SET {name} = {literal(value)}")
 
 
 @contextlib.contextmanager
 def materialized(client, source: Source, th: Thresholds, slim: bool = False):
     """Every stage of `stage_sql`, the closed attempts and the rare counts as temporary tables; yields
-    their names (`t`), and drops them all afterwards."""
+    their names (`t`), and drops them all afterwards. JIT compilation is off meanwhile (`jit_off`)."""
     tag = uuid.uuid4().hex[:8]
     t = {name: f"replay_{name}_{tag}" for name in STAGES}
-    try:
+    with jit_off(client), _dropped(client, t):
         for name, select in stage_sql(t, source, th, slim):
             client.command(f"CREATE TEMPORARY TABLE {t[name]} ENGINE = Memory AS {select}")
-        client.command(f"CREATE TEMPORARY TABLE {t['attempts']} ENGINE = Memory AS {attempts_sql(t['members'])}")
-        client.command(f"CREATE TEMPORARY TABLE {t['rare']} ENGINE = Memory AS {rare_counts_sql(t['counted'], th)}")
+        client.command(f"CREATE TEMPORARY TABLE {t['rare']} ENGINE = Memory AS {rare_counts_sql(t, th)}")
         yield t
+
+
+@contextlib.contextmanager
+def _dropped(client, t: dict[str, str]):
+    try:
+        yield
     finally:
         for table in t.values():
             client.command(f"DROP TEMPORARY TABLE IF EXISTS {table}")
@@ -335,7 +394,7 @@ def fetch_rollouts(client, t: dict[str, str], keys, slim: bool = False) -> dict[
     client.command(f"CREATE TEMPORARY TABLE IF NOT EXISTS {t['keys']} (gk UInt64) ENGINE = Memory")
     client.command(f"TRUNCATE TABLE {t['keys']}")
     insert_rows(client, t["keys"], ([k] for k in keys))
-    return dict(client.query(rollouts_sql(t["members"], t["keys"], slim)).result_rows)
+    return dict(client.query(rollouts_sql(t, t["keys"], slim)).result_rows)
 
 
 def _replay_sql(client, source: Source, thresholds: Thresholds, limits: EvidenceLimits,
@@ -346,7 +405,7 @@ def _replay_sql(client, source: Source, thresholds: Thresholds, limits: Evidence
         attempts = client.query(attempt_sql(t["attempts"], th)).result_rows
         rollouts = fetch_rollouts(client, t, {k for row in attempts for k in (row[3], *row[4])})
         keep = limits.rare_trajectories if evidence else 0
-        rare = client.query(rare_sql(t["counted"], t["rare"], keep)).result_rows
+        rare = client.query(rare_sql(t, th, keep)).result_rows
         sql_seconds = time.perf_counter() - started
         trajectories = {}
         if evidence:
