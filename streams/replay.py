@@ -102,10 +102,12 @@ def _decode_chunk(task: tuple[str, bytes, int, int, EvidenceLimits, int]) -> lis
 
 
 def replay_files(paths: Iterable[Path | str], thresholds: Thresholds = Thresholds(),
-                 limits: EvidenceLimits = EvidenceLimits(), workers: int = 1, decoder: str = "chdb") -> ReplayResult:
+                 limits: EvidenceLimits = EvidenceLimits(), workers: int = 1, decoder: str = "chdb",
+                 evidence: bool = True) -> ReplayResult:
     """Replay Avro container files (trajectory and completed-step files, any order). `decoder`: chdb
     (ClickHouse reads the files; evidence is fetched at the end for the trajectories signals carry) or
-    fastavro (in `workers` processes); the same pure functions decide every signal either way."""
+    fastavro (in `workers` processes); the same pure functions decide every signal either way.
+    `evidence=False` (chdb): skip that fetch; the signals then carry no trajectories."""
     if decoder not in DECODERS:
         raise ValueError(f"--decoder {decoder!r}: choose one of {', '.join(DECODERS)}")
     started = time.perf_counter()
@@ -126,7 +128,12 @@ def replay_files(paths: Iterable[Path | str], thresholds: Thresholds = Threshold
         try:
             events = _feed(replayer, _rollouts_chdb(client, trajectory_files, thresholds.pattern_length))
             signals = replayer.finish()
-            _fill_evidence(client, signals, trajectory_files, limits)
+            if evidence:
+                _fill_evidence(client, signals, trajectory_files, limits)
+            else:
+                for s in signals:
+                    if s.evidence.get("trajectories"):
+                        s.evidence["trajectories"] = []
         finally:
             client.close()
     return ReplayResult(signals, events, time.perf_counter() - started, dict(replayer.outcomes),
@@ -315,8 +322,8 @@ def run_replay(inputs: list[Path] | None, bootstrap: str | None, window: int, su
     """The `coevolve replay` command: replay, write or publish, and return the report."""
     thresholds = Thresholds(success_threshold, window, rare_threshold, pattern_length)
     reference = load_reference(compare, bootstrap, publish)
-    if inputs:
-        result = replay_files(inputs, thresholds, workers=workers, decoder=decoder)
+    if inputs:  # published signals carry their evidence whatever the output file holds
+        result = replay_files(inputs, thresholds, workers=workers, decoder=decoder, evidence=evidence or bool(publish))
     else:
         result = replay_topics(bootstrap, thresholds)
     return deliver(result, output, publish, bootstrap, reference, evidence)

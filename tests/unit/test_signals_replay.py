@@ -30,6 +30,16 @@ def test_files_match_pure_replay_with_chdb_or_one_or_two_fastavro_decoders(tmp_p
         assert result.events == 6 * 16 * 8
 
 
+def test_without_evidence_the_same_signals_carry_no_trajectories(tmp_path):
+    path = _log(tmp_path)
+    full = replay.replay_files([path])
+    bare = replay.replay_files([path], evidence=False)
+    assert [s.to_json(evidence=False) for s in bare.signals] == [s.to_json(evidence=False) for s in full.signals]
+    assert any(s.evidence.get("trajectories") for s in full.signals)
+    assert not any(s.evidence.get("trajectories") for s in bare.signals)
+    assert [s.evidence.get("scores") for s in bare.signals] == [s.evidence.get("scores") for s in full.signals]
+
+
 def test_log_without_step_records_is_valid(tmp_path):
     path = _log(tmp_path, steps=3)
     only = tmp_path / "only.avro"
