@@ -7,7 +7,8 @@ the workers start), then W `coevolve streams worker` processes start on it. The 
 workers' /metrics first count a processed trajectory (c0 of them) and stops when the last of the
 signals that the replay of the same run predicts has arrived on coevolve.signals:
 rate = (N - c0) / elapsed. Latency: with the workers running, a run is published at --latency-rate
-events/s; per step, the delay from sending its completed-step event to receiving its last signal.
+events/s (after WARM_S seconds at that rate, unmeasured, while the workers settle after start-up);
+per step, the delay from sending its completed-step event to receiving its last signal.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from coevolve.services.simulate import SimulationConfig, Simulator
 from coevolve.streams.signals import replay_signals
 
 STEP_SIZE = 16 * 8  # trajectories per step with the simulator's defaults
+WARM_S = 3.0  # the latency run first publishes this long at its rate, unmeasured: the workers' start-up
 
 
 def simulate(run_id: str, steps: int) -> tuple[list, set[str]]:
@@ -129,7 +131,7 @@ def throughput_run(args, repeat: int, workdir: Path) -> float:
 
 def latency_run(args, workdir: Path) -> None:
     steps = max(2, int(args.latency_rate * args.latency_seconds / STEP_SIZE))
-    warm, warm_expected = simulate("warm", 2)
+    warm, warm_expected = simulate("warm", max(2, int(args.latency_rate * WARM_S / STEP_SIZE)))
     messages, expected = simulate("latency", steps)
     with EmbeddedBroker() as broker:
         create_topics(broker.bootstrap)
@@ -137,7 +139,7 @@ def latency_run(args, workdir: Path) -> None:
         workers, _ports = start_workers(broker.bootstrap, args.workers, workdir / "latency")
         try:
             with EventProducer(broker.bootstrap, client_id="bench") as producer:
-                publish(producer, warm)
+                publish(producer, warm, args.latency_rate)
                 await_signals(consumer, warm_expected, 120)
                 with ThreadPoolExecutor(1) as pool:  # receive while publishing, so arrival times are real
                     receiving = pool.submit(await_signals, consumer, expected, 120 + args.latency_seconds)
