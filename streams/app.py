@@ -80,8 +80,7 @@ def build_app(cfg: StreamsConfig, metrics: Metrics) -> faust.App:
         web_enabled=cfg.metrics_port >= 0, web_port=max(cfg.metrics_port, 0), web_bind=cfg.metrics_host,
         web_host=cfg.metrics_host,
         topic_partitions=PARTITIONS, table_standby_replicas=0, consumer_auto_offset_reset="earliest",
-        producer_acks=-1, topic_allow_declare=False, stream_buffer_maxsize=4 * cfg.batch_size,
-        broker_max_poll_records=cfg.batch_size, producer_max_batch_size=PRODUCER_BATCH_BYTES,
+        producer_acks=-1, topic_allow_declare=False, producer_max_batch_size=PRODUCER_BATCH_BYTES,
         producer_linger_ms=2, **FAUST_GROUP_TIMEOUTS_S)
     exact_highwaters(app, cfg.kafka_bootstrap)
     raw = dict(key_serializer="raw", value_serializer="raw")
