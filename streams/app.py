@@ -8,7 +8,7 @@ Topics (internal ones are prefixed by the app id and co-partitioned with the tra
   partition, and the step's trajectory count to the counts topic. As in replay, a marker takes effect
   just before the partition's first trajectory of its run with a higher step; if none comes, once the
   partition has been idle for `marker_idle_s`.
-- `<app>-step-counts`, keyed by step (the group_by of pattern counts) -> `raise_rare_signals`, table
+- `<app>-step-counts`, keyed by step (the group_by of pattern keys) -> `raise_rare_signals`, table
   `step_to_counts` ("run_id\\x1fstep" -> step state): rare, closed by count or by the grace period.
 Every send of a batch is confirmed before its table writes, so a killed worker re-emits (same ids)
 rather than loses. Undecodable or invalid input goes to `coevolve.deadletter` with its reason.
