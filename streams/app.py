@@ -40,6 +40,10 @@ SERVICE = "streams"
 # changelogs up to probed true ends (see exact_highwaters). One record per batch would make the reported
 # ends exact, but aiokafka then sends one record per partition per round trip, which stalled sends.
 PRODUCER_BATCH_BYTES = 256 * 1024
+# The grace-period tick checks an index of each partition's open steps, not every step ever seen; the
+# index is rebuilt from the table this often (and at a worker's first tick), which picks up the open
+# steps a rebalance brought.
+INDEX_REBUILD_S = 60.0
 
 
 def internal_topics(app_id: str) -> dict[str, Topic]:
@@ -259,6 +263,8 @@ def build_app(cfg: StreamsConfig, metrics: Metrics) -> faust.App:
 
     @app.agent(counts)
     async def raise_rare_signals(stream):
+        open_steps: dict[int, set[str]] = defaultdict(set)  # partition -> keys of its steps not closed
+        indexed_at: dict[int, float] = {}  # partition -> when open_steps was last rebuilt from the table
         async for events in stream.take_events(cfg.batch_size, cfg.batch_within_s):
             started = time.perf_counter()
             now = time.time()
@@ -274,10 +280,18 @@ def build_app(cfg: StreamsConfig, metrics: Metrics) -> faust.App:
                     reject(sends, ev, "malformed", f"step count message is not JSON: {exc}")
                     continue
                 if kind == "tick":
-                    for key, state in list(step_to_counts.items()) + [(k, v) for k, (e, v) in writes.items()]:
-                        if state["p"] == p and not state["closed"] and now - state["touched"] > cfg.grace_s:
+                    if now - indexed_at.get(p, 0.0) >= INDEX_REBUILD_S:
+                        open_steps[p] = {k for k, v in list(step_to_counts.items()) + [(k, v) for k, (e, v)
+                                         in writes.items()] if v["p"] == p and not v["closed"]}
+                        indexed_at[p] = now
+                    for key in sorted(open_steps[p]):
+                        state = writes[key][1] if key in writes else step_to_counts.get(key)
+                        if state is None or state["closed"]:
+                            open_steps[p].discard(key)
+                        elif now - state["touched"] > cfg.grace_s:
                             writes[key] = (ev, state)
                             raised.extend(sig.close_step(state, state["run_id"], state["step"], th, True, limits))
+                            open_steps[p].discard(key)
                     continue
                 key = step_key(body["run_id"], body["step"])
                 state = writes[key][1] if key in writes else step_to_counts.get(key)
@@ -295,6 +309,9 @@ def build_app(cfg: StreamsConfig, metrics: Metrics) -> faust.App:
                         sig.count_rollout(state, event_id, task_id, keys, evidence.get(event_id))
                 if sig.step_complete(state):
                     raised.extend(sig.close_step(state, body["run_id"], body["step"], th, False, limits))
+                    open_steps[p].discard(key)
+                else:
+                    open_steps[p].add(key)
             emit(sends, raised, int(now * 1000))
             await send_all(sends)
             write(step_to_counts, writes)

@@ -261,3 +261,26 @@ def test_bad_input_is_dead_lettered_and_the_stream_goes_on_and_grace_closes_a_st
         worker.stop()
         reader.consumer.close()
         dead.close()
+
+
+def test_a_restarted_worker_closes_by_grace_the_open_steps_its_tables_recover(bootstrap, workdir):
+    events = simulated("held", 3, seed=5)
+    # the last step claims more trajectories than it published: only the grace period closes it
+    events[-1] = (*events[-1][:3], {**events[-1][3], "trajectory_count": events[-1][3]["trajectory_count"] + 5})
+    app_id = f"t-{uuid.uuid4().hex[:8]}"
+    worker = Worker(bootstrap, app_id, workdir, "w0", grace_s=30).start()
+    reader = SignalReader(bootstrap)
+    try:
+        publish(bootstrap, events)
+        expected = expected_from_replay(bootstrap)
+        held = {k for k, s in expected.items() if s["incomplete"]}
+        assert held and all(expected[k]["step"] == events[-1][3]["step"] for k in held)
+        reader.until({k: s for k, s in expected.items() if k not in held}, 180, [worker])
+        worker.stop()  # well within the grace period of the held step's last count
+        assert not held & reader.by_id().keys()
+        worker = Worker(bootstrap, app_id, workdir, "w1", grace_s=30).start()
+        reader.until(expected, 240, [worker])  # its open-step index comes from the recovered table
+        assert_same(reader.by_id(), expected)
+    finally:
+        worker.stop()
+        reader.consumer.close()
