@@ -7,7 +7,7 @@ the raised attempt signals back to ClickHouse, which computes each id (the same 
 JSON text as `streams.signals.signal_id`), formats every line and sorts them; the bytes equal those
 `write_jsonl(signals, evidence=False)` writes. JSON text needs no escaping when every string is
 printable ASCII without `"` or `\\`; ClickHouse checks that first, on the distinct strings, and if one
-is not, the whole set is built by the Python formatting instead.
+is not, Python formats the whole set from the same tables instead.
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import uuid
 from pathlib import Path
 
 from coevolve.services.archive.sqlreplay import (SEP, Source, _mean, attempt_sql, fetch_rollouts, insert_rows,
-                                                 literal, log_stats, materialized, replay_sql, screen_sql)
-from coevolve.streams.signals import EvidenceLimits, Thresholds
+                                                 literal, log_stats, materialized, rare_sql, screen_sql)
+from coevolve.streams.signals import Signal, Thresholds
 
 UNSAFE = r"[^\x20\x21\x23-\x5b\x5d-\x7e]"  # any character JSON would escape
 
@@ -100,18 +100,30 @@ def replay_sql_lines(client, source: Source, thresholds: Thresholds, output: Pat
                            "task_id String) ENGINE = Memory")
             insert_rows(client, t["raised"], raised)
             unsafe = int(client.query(unsafe_sql(t)).result_rows[0][0])
-            if not unsafe:
+            if unsafe:  # a string JSON must escape: Python formats the same lines
+                Path(output).write_bytes(_python_lines(client, t, th, raised))
+            else:
                 _write(client, lines_sql(t, th), Path(output), local)
         events, valid = log_stats(client, t)
     stats = {"events": events, "valid": valid, "unsettled": len(unsettled), "counts": counts,
              "sql_seconds": time.perf_counter() - started}
-    if unsafe:  # a string that needs escaping: format in Python
-        signals, _ = replay_sql(client, source, th, EvidenceLimits(), evidence=False)
-        Path(output).write_bytes(b"".join(json.dumps(s.to_json(evidence=False), separators=(",", ":")).encode()
-                                          + b"\n" for s in signals))
+    if unsafe:
         stats["formatted_by"] = "python"
     stats["seconds"] = time.perf_counter() - started
     return stats
+
+
+def _python_lines(client, t: dict[str, str], th: Thresholds, raised: list[list]) -> bytes:
+    """The lines `lines_sql` would write, formatted by `Signal.to_json` from the raised attempts and the
+    materialized rare counts."""
+    signals = [Signal(kind, run_id, step, task_id, th, task_id=task_id) for kind, run_id, step, task_id in raised]
+    for run_id, step, p, incomplete, *_counts in client.query(rare_sql(t, th, 0)).result_rows:
+        pattern = tuple(p.split(SEP))
+        signals.append(Signal("rare", run_id, step, " > ".join(pattern), th, pattern=pattern,
+                              incomplete=bool(incomplete)))
+    signals.sort(key=lambda s: (s.run_id, s.step, s.kind, s.subject))
+    return b"".join(json.dumps(s.to_json(evidence=False), separators=(",", ":")).encode() + b"\n"
+                    for s in signals)
 
 
 def _write(client, select: str, output: Path, local: bool) -> None:
