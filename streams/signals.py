@@ -318,14 +318,23 @@ def close_step(state: dict, run_id: str, step: int, th: Thresholds, incomplete: 
                 ids[p].append(event_id)
         evidence, keep = state["evidence"], limits.rare_trajectories
         for p in sorted(rare):
-            pattern = tuple(p.split(SEP))
-            out.append(Signal("rare", run_id, step, " > ".join(pattern), th, pattern=pattern,
-                              incomplete=incomplete, evidence={
-                                  "pattern_count": counts[p], "pattern_total": total,
-                                  "task_ids": sorted(tasks[p]),
-                                  "trajectories": [evidence.get(e) for e in sorted(ids[p])[:keep]]}))
+            out.append(rare_signal(run_id, step, p, th, incomplete, {
+                "pattern_count": counts[p], "pattern_total": total, "task_ids": sorted(tasks[p]),
+                "trajectories": [evidence.get(e) for e in sorted(ids[p])[:keep]]}))
     state["seen"], state["rows"], state["evidence"] = {}, [], {}
     return out
+
+
+def rare_signal(run_id: str, step: int, key: str, th: Thresholds, incomplete: bool, evidence: dict | None = None) -> Signal:
+    """The rare signal of a pattern key (n names joined by SEP); its subject joins them by " > "."""
+    pattern = tuple(key.split(SEP))
+    return Signal("rare", run_id, step, " > ".join(pattern), th, pattern=pattern, incomplete=bool(incomplete),
+                  evidence=evidence or {})
+
+
+def signal_order(s: Signal) -> tuple:
+    """The order signal sets are written in when sorted: run, step, kind, subject."""
+    return (s.run_id, s.step, s.kind, s.subject)
 
 
 # ---- the whole log ----

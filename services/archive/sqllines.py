@@ -19,7 +19,8 @@ from pathlib import Path
 
 from coevolve.services.archive.sqlreplay import (SEP, Source, _mean, attempt_sql, fetch_rollouts, insert_rows,
                                                  literal, log_stats, materialized, rare_sql, screen_sql)
-from coevolve.streams.signals import Signal, Thresholds
+from coevolve.streams.replay import write_jsonl
+from coevolve.streams.signals import Signal, Thresholds, rare_signal, signal_order
 
 UNSAFE = r"[^\x20\x21\x23-\x5b\x5d-\x7e]"  # any character JSON would escape
 
@@ -101,7 +102,7 @@ def replay_sql_lines(client, source: Source, thresholds: Thresholds, output: Pat
             insert_rows(client, t["raised"], raised)
             unsafe = int(client.query(unsafe_sql(t)).result_rows[0][0])
             if unsafe:  # a string JSON must escape: Python formats the same lines
-                Path(output).write_bytes(_python_lines(client, t, th, raised))
+                write_jsonl(_python_signals(client, t, th, raised), output, evidence=False)
             else:
                 _write(client, lines_sql(t, th), Path(output), local)
         events, valid = log_stats(client, t)
@@ -113,17 +114,13 @@ def replay_sql_lines(client, source: Source, thresholds: Thresholds, output: Pat
     return stats
 
 
-def _python_lines(client, t: dict[str, str], th: Thresholds, raised: list[list]) -> bytes:
-    """The lines `lines_sql` would write, formatted by `Signal.to_json` from the raised attempts and the
-    materialized rare counts."""
+def _python_signals(client, t: dict[str, str], th: Thresholds, raised: list[list]) -> list[Signal]:
+    """The signals `lines_sql` would format, from the raised attempts and the materialized rare counts,
+    in its order."""
     signals = [Signal(kind, run_id, step, task_id, th, task_id=task_id) for kind, run_id, step, task_id in raised]
-    for run_id, step, p, incomplete, *_counts in client.query(rare_sql(t, th, 0)).result_rows:
-        pattern = tuple(p.split(SEP))
-        signals.append(Signal("rare", run_id, step, " > ".join(pattern), th, pattern=pattern,
-                              incomplete=bool(incomplete)))
-    signals.sort(key=lambda s: (s.run_id, s.step, s.kind, s.subject))
-    return b"".join(json.dumps(s.to_json(evidence=False), separators=(",", ":")).encode() + b"\n"
-                    for s in signals)
+    signals += [rare_signal(run_id, step, p, th, incomplete)
+                for run_id, step, p, incomplete, *_counts in client.query(rare_sql(t, th, 0)).result_rows]
+    return sorted(signals, key=signal_order)
 
 
 def _write(client, select: str, output: Path, local: bool) -> None:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coevolve.services.archive.store import gc_paused
-from coevolve.streams.signals import KEEP_CLOSED, EvidenceLimits, Signal, Thresholds
+from coevolve.streams.signals import KEEP_CLOSED, EvidenceLimits, Signal, Thresholds, rare_signal, signal_order
 
 INF = 2**64 - 1
 SEP = "\x1f"
@@ -424,11 +424,9 @@ def _replay_sql(client, source: Source, thresholds: Thresholds, limits: Evidence
             if raised:
                 signals.append(Signal(kind, run_id, step, task_id, th, task_id=task_id, evidence=ev))
     for run_id, step, p, incomplete, c, total, task_ids, ids in rare:
-        pattern = tuple(p.split(SEP))
-        signals.append(Signal("rare", run_id, step, " > ".join(pattern), th, pattern=pattern,
-                              incomplete=bool(incomplete), evidence={
-                                  "pattern_count": c, "pattern_total": total, "task_ids": list(task_ids),
-                                  "trajectories": [trajectories[i] for i in ids if i in trajectories]}))
-    signals.sort(key=lambda s: (s.run_id, s.step, s.kind, s.subject))
+        signals.append(rare_signal(run_id, step, p, th, incomplete, {
+            "pattern_count": c, "pattern_total": total, "task_ids": list(task_ids),
+            "trajectories": [trajectories[i] for i in ids if i in trajectories]}))
+    signals.sort(key=signal_order)
     return signals, {"events": stats[0], "valid": stats[1], "sql_seconds": sql_seconds,
                      "seconds": time.perf_counter() - started}
