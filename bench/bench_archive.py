@@ -7,8 +7,8 @@
 2. Inserts already-decoded events straight into the archive tables, in batches of 20k events.
 3. Times the SQL replay of a 115k-trajectory Avro log read by chDB directly (`--input`), then loads
    that log R times (distinct run ids) into a chDB archive, waits for its background merges, and times
-   the SQL replay over it: the
-   signal set (`--no-evidence`: ClickHouse formats the lines) and the full output (evidence included).
+   the SQL replay over it: the signal set (`--no-evidence`: ClickHouse formats the lines) and the full
+   output (evidence included).
    Rates count trajectory events, end to end: from the first query to the JSON-lines file written.
 """
 from __future__ import annotations
