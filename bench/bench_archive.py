@@ -6,37 +6,43 @@
    into chDB with the archiver; the rate counts events from the first polled batch to the last stored.
 2. Inserts already-decoded events straight into the archive tables, in batches of 20k events.
 3. Times the SQL replay of a 115k-trajectory Avro log read by chDB directly (`--input`), then loads
-   that log R times (distinct run ids) into a chDB archive, waits for its background merges, and times
-   the SQL replay over it: the signal set (`--no-evidence`: ClickHouse formats the lines) and the full
-   output (evidence included).
+   that log R times (distinct run ids, `--run-suffix`) into a chDB archive with `coevolve archive
+   import`'s code, waits for its background merges, and times the SQL replay over it: the signal set
+   (`--no-evidence`: ClickHouse formats the lines) and the full output (evidence included), in this
+   process; then `coevolve replay --clickhouse URL --no-evidence --output FILE` itself, a fresh process
+   per run, by the rate it prints (its own timer; the process start is not counted).
    Rates count trajectory events, end to end: from the first query to the JSON-lines file written.
 """
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
 from bench.common import machine, report
-from coevolve.services.archive.archiver import Archiver, ArchiverConfig, _Batch
-from coevolve.services.archive.importer import import_log
-from coevolve.services.archive.sqllines import replay_sql_lines
-from coevolve.services.archive.sqlreplay import archive_source, file_source, replay_sql
-from coevolve.services.archive.store import connect, gc_paused
-from coevolve.services.broker.embedded import EmbeddedBroker
-from coevolve.services.broker.topics import create_topics
+from coevolve.services.archive.archiver import Archiver, ArchiverConfig, RowBatch
+from coevolve.services.archive.importer import import_files
+from coevolve.services.clickhouse.client import connect, gc_paused
+from coevolve.services.kafka.embedded import EmbeddedBroker
+from coevolve.services.kafka.topics import create_topics
 from coevolve.services.simulate import SimulationConfig, Simulator, publish, write_file
-from coevolve.streams.replay import write_jsonl
-from coevolve.streams.signals import Thresholds
+from coevolve.streams.replay.engine_sql import replay_sql
+from coevolve.streams.replay.report import write_jsonl
+from coevolve.streams.replay.sql_lines import replay_sql_lines
+from coevolve.streams.replay.sql_stages import archive_source, file_source
+from coevolve.streams.rules import Thresholds
 
 
 class _TimedArchiver(Archiver):
     first = last = None
 
-    def store(self, batch: _Batch) -> None:
+    def store(self, batch: RowBatch) -> None:
         self.first = batch.started if self.first is None else min(self.first, batch.started)
         super().store(batch)
         self.last = time.monotonic()
@@ -64,7 +70,7 @@ def bench_insert_only(tmp: Path, events: int, repeats: int) -> None:
         start = time.perf_counter()
         for i in range(0, len(sim), 20_000):
             with gc_paused():  # as the archiver does around a batch
-                batch = _Batch()
+                batch = RowBatch()
                 for offset, (_topic, _key, name, event) in enumerate(sim[i:i + 20_000], start=i):
                     batch.add(name, event, 0, offset)
                 archiver.store(batch)
@@ -96,7 +102,7 @@ def bench_sql_replay(tmp: Path, replicas: int, repeats: int) -> None:
         report("SQL replay of an Avro file (--input), full", statistics.median(rates), "events/s", rates)
         print(f"  ({stats['events']} trajectory events, {len(found)} signals)")
         for r in range(replicas):
-            import_log(client, log, run_suffix=f"-{r}")
+            import_files(client, [log], run_suffix=f"-{r}")
         settle(client)
         rows = client.query("SELECT count() FROM coevolve.trajectories FINAL").result_rows[0][0]
         print(f"archive: {rows} trajectory events ({replicas} x 115,200), "
@@ -119,6 +125,20 @@ def bench_sql_replay(tmp: Path, replicas: int, repeats: int) -> None:
             print(f"  ({signals} signals)")
     finally:
         client.close()
+    bench_replay_command(f"chdb://{tmp}/replay", tmp / "cli.jsonl", repeats)
+
+
+def bench_replay_command(url: str, out: Path, repeats: int) -> None:
+    """`coevolve replay --clickhouse URL --no-evidence --output FILE`, a fresh process per run."""
+    command = [str(Path(sys.executable).with_name("coevolve")), "replay", "--clickhouse", url, "--no-evidence",
+               "--output", str(out)]
+    rates = []
+    for _ in range(repeats):
+        text = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+        rates.append(float(re.search(r"\(([\d,]+)/s\)", text).group(1).replace(",", "")))
+    report("coevolve replay --clickhouse --no-evidence (its own timer, fresh process)", statistics.median(rates),
+           "events/s", rates)
+    print(f"  ({text.splitlines()[1]})")
 
 
 def main() -> None:

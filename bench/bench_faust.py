@@ -23,9 +23,9 @@ from pathlib import Path
 
 from bench.bench_live import STEP_SIZE, simulate
 from bench.common import machine, report
-from coevolve.services.broker.embedded import EmbeddedBroker
-from coevolve.services.broker.producer import EventProducer
-from coevolve.services.broker.topics import TRAJECTORIES, create_topics
+from coevolve.services.kafka.embedded import EmbeddedBroker
+from coevolve.services.kafka.producer import EventProducer
+from coevolve.services.kafka.topics import TRAJECTORIES, create_topics
 
 
 def worker(bootstrap: str, expected: int, decode: bool, out: Path) -> None:
@@ -33,7 +33,7 @@ def worker(bootstrap: str, expected: int, decode: bool, out: Path) -> None:
     import faust
 
     from coevolve.schemas import default_registry
-    from coevolve.services.broker.settings import FAUST_GROUP_TIMEOUTS_S
+    from coevolve.services.kafka.settings import FAUST_GROUP_TIMEOUTS_S
 
     registry = default_registry()
     app = faust.App(f"ceiling-{uuid.uuid4().hex[:8]}", broker=f"kafka://{bootstrap}", store="memory://",

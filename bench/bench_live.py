@@ -25,12 +25,12 @@ from pathlib import Path
 
 from bench.common import machine, report
 from coevolve.schemas import default_registry
-from coevolve.services.broker.consumer import EventConsumer
-from coevolve.services.broker.embedded import EmbeddedBroker, free_port
-from coevolve.services.broker.producer import EventProducer
-from coevolve.services.broker.topics import SIGNALS, create_topics
+from coevolve.services.kafka.consumer import EventConsumer
+from coevolve.services.kafka.embedded import EmbeddedBroker, free_port
+from coevolve.services.kafka.producer import EventProducer
+from coevolve.services.kafka.topics import SIGNALS, create_topics
 from coevolve.services.simulate import SimulationConfig, Simulator
-from coevolve.streams.signals import replay_signals
+from coevolve.streams.replay.engine_python import replay_signals
 
 STEP_SIZE = 16 * 8  # trajectories per step with the simulator's defaults
 WARM_S = 3.0  # the latency run first publishes this long at its rate, unmeasured: the workers' start-up

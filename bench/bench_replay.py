@@ -18,7 +18,8 @@ from pathlib import Path
 
 from bench.common import machine, report
 from coevolve.services.simulate import SimulationConfig, write_file
-from coevolve.streams.replay import replay_files, write_jsonl
+from coevolve.streams.replay.engine_python import replay_files
+from coevolve.streams.replay.report import write_jsonl
 
 
 def main() -> None:

@@ -8,9 +8,9 @@ import argparse
 
 from bench.common import machine, median_rate, report
 from coevolve.schemas import default_registry
-from coevolve.services.broker.embedded import EmbeddedBroker
-from coevolve.services.broker.producer import EventProducer
-from coevolve.services.broker.topics import create_topics
+from coevolve.services.kafka.embedded import EmbeddedBroker
+from coevolve.services.kafka.producer import EventProducer
+from coevolve.services.kafka.topics import create_topics
 from coevolve.services.simulate import SimulationConfig, Simulator
 
 

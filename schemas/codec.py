@@ -88,13 +88,6 @@ class SchemaRegistry:
         self.writers.setdefault(schema.fingerprint, schema)
         return schema
 
-    def add_writer(self, schema_json: dict) -> int:
-        """Register an extra writer schema (e.g. from another release); return its fingerprint."""
-        schema = WriterSchema(_full_name(schema_json), schema_fingerprint(schema_json),
-                              parse_schema(schema_json))
-        self.writers[schema.fingerprint] = schema
-        return schema.fingerprint
-
     def fingerprint(self, record_name: str) -> int:
         return self.current[record_name].fingerprint
 

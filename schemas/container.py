@@ -97,3 +97,18 @@ def read_log(paths: Iterable[Path | str]) -> Iterator[tuple[str, dict]]:
             name = root["name"].rsplit(".", 1)[-1]
             for event in reader:
                 yield name, event
+
+
+def record_name(path: Path | str) -> str:
+    """The event record a log file holds (its root schema's name); raise LogFileError."""
+    try:
+        with open(path, "rb") as fh:
+            reader = fastavro.reader(fh)
+            root = reader.writer_schema
+    except OSError as exc:
+        raise LogFileError(f"{path}: cannot open: {exc.strerror}") from exc
+    except (ValueError, EOFError) as exc:
+        raise LogFileError(f"{path}: not an Avro container file ({exc})") from exc
+    if not isinstance(root, dict) or root.get("type") != "record":
+        raise LogFileError(f"{path}: root schema must be one event record, one type per file")
+    return root["name"].rsplit(".", 1)[-1]

@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from coevolve.services import log as logs
+from coevolve.services.runtime import log as logs
 
 app = typer.Typer(help="CoEvolve: train LLM agents whose training data evolves with them.",
                   no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
@@ -23,7 +23,7 @@ MetricsHostOpt = typer.Option(None, help="Address of /healthz and /metrics (127.
 
 def _load(cls, service: str, overrides: dict):
     """A service's config from defaults, environment and flags; a bad value is a usage error."""
-    from coevolve.services.config import ConfigError, load
+    from coevolve.services.runtime.config import ConfigError, load
 
     try:
         return load(cls, service, overrides)
@@ -46,7 +46,7 @@ def _require(bootstrap: Optional[str]) -> str:
 @app.command()
 def broker(port: int = typer.Option(9092, help="Port to listen on, on 127.0.0.1.")) -> None:
     """Run the embedded Tansu broker in the foreground until SIGINT/SIGTERM."""
-    from coevolve.services.broker.embedded import EmbeddedBroker
+    from coevolve.services.kafka.embedded import EmbeddedBroker
 
     stop = False
 
@@ -71,7 +71,7 @@ def broker(port: int = typer.Option(9092, help="Port to listen on, on 127.0.0.1.
 @topics_app.command("create")
 def topics_create(bootstrap: Optional[str] = BootstrapOpt) -> None:
     """Create every missing topic of the catalog (idempotent)."""
-    from coevolve.services.broker.topics import CATALOG, create_topics
+    from coevolve.services.kafka.topics import CATALOG, create_topics
 
     created = create_topics(_require(bootstrap))
     for name, topic in CATALOG.items():
@@ -96,7 +96,7 @@ def simulate(
     seed: int = typer.Option(0, help="Random seed."),
 ) -> None:
     """Publish a simulated run's event stream (trajectories, steps, task verdicts)."""
-    from coevolve.services.config import ConfigError
+    from coevolve.services.runtime.config import ConfigError
     from coevolve.services.simulate import SimulationConfig, publish, write_file
 
     try:
@@ -152,10 +152,40 @@ def archiver(
         kafka_bootstrap=_require(bootstrap), clickhouse_url=clickhouse, workdir=workdir,
         group_id=group_id, batch_size=batch_size, idle_exit_seconds=idle_exit, metrics_port=metrics_port,
         metrics_host=metrics_host))
-    service = Archiver(cfg)
-    signal.signal(signal.SIGTERM, lambda *_: service.stop())
-    signal.signal(signal.SIGINT, lambda *_: service.stop())
-    print(f"archived {service.run()} events into {cfg.url}", flush=True)
+    print(f"archived {Archiver(cfg).serve_until_signalled()} events into {cfg.url}", flush=True)
+
+
+archive_app = typer.Typer(help="The ClickHouse archive: load Avro log files into it.", no_args_is_help=True)
+app.add_typer(archive_app, name="archive")
+
+
+@archive_app.command("import")
+def archive_import(
+    clickhouse: Optional[str] = typer.Option(None, "--clickhouse", envvar="CLICKHOUSE_URL",
+                                             help="Archive URL: chdb:///abs/dir or a server URL "
+                                             "(default: chdb:///<workdir>/clickhouse)."),
+    input: list[Path] = typer.Option(..., "--input", help="Avro log file(s), as `coevolve simulate --output` "
+                                     "writes them (a run.avro's other event files beside it are added)."),
+    workdir: Path = typer.Option(Path(".coevolve"), help="Work directory of the embedded archive."),
+    run_suffix: str = typer.Option("", help="Append this to every run id and event id (load a log as a new run)."),
+) -> None:
+    """Load Avro log files into the archive; importing a file again changes nothing."""
+    from coevolve.schemas.container import LogFileError
+    from coevolve.services.archive.importer import import_files
+    from coevolve.services.clickhouse.client import ArchiveError, chdb_url, connect
+
+    url = clickhouse or chdb_url(workdir)
+    try:
+        client = connect(url)
+    except ArchiveError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--clickhouse") from None
+    try:
+        counts = import_files(client, input, run_suffix=run_suffix)
+    except LogFileError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--input") from None
+    finally:
+        client.close()
+    print(" ".join(f"{name}={n}" for name, n in sorted(counts.items())) + f" into {url}")
 
 
 streams_app = typer.Typer(help="The Faust stream processors that raise weakness signals.", no_args_is_help=True)
@@ -176,8 +206,8 @@ def streams_worker(
     grace_s: Optional[float] = typer.Option(None, help="Seconds before an unfinished step closes, incomplete."),
 ) -> None:
     """Run one signal-processor worker (start any number; they share the partitions by task)."""
-    from coevolve.streams.config import StreamsConfig
-    from coevolve.streams.worker import run_worker
+    from coevolve.streams.worker.command import run_worker
+    from coevolve.streams.worker.config import StreamsConfig
 
     run_worker(_load(StreamsConfig, "streams", dict(
         kafka_bootstrap=bootstrap, app_id=app_id, datadir=datadir, window=window,
@@ -191,39 +221,38 @@ def replay(
                                                "completed steps (a run.avro's step file is added)."),
     bootstrap: Optional[str] = typer.Option(None, "--bootstrap", help="Without --input, read the topics "
                                             "from offset zero; also the broker for --publish/--compare."),
-    window: int = typer.Option(5, help="W: previous attempts forgetting looks back on."),
-    success_threshold: float = typer.Option(0.5, help="tau: an attempt or rollout succeeds at >= tau."),
-    rare_threshold: float = typer.Option(5.0, help="theta, percent: rare when 0 < c_p/N < theta/100."),
-    pattern_length: int = typer.Option(1, help="n: consecutive action names per pattern."),
+    window: Optional[int] = typer.Option(None, help="W: previous attempts forgetting looks back on (5)."),
+    success_threshold: Optional[float] = typer.Option(None, help="tau: an attempt or rollout succeeds at >= tau (0.5)."),
+    rare_threshold: Optional[float] = typer.Option(None, help="theta, percent: rare when 0 < c_p/N < theta/100 (5)."),
+    pattern_length: Optional[int] = typer.Option(None, help="n: consecutive action names per pattern (1)."),
     output: Optional[Path] = typer.Option(None, help="Write the signals here as JSON lines."),
     publish: Optional[str] = typer.Option(None, help="Send the signals to this topic (needs --bootstrap)."),
     compare: Optional[str] = typer.Option(None, help="Diff against a signal JSON-lines file, or a topic."),
-    decoder: str = typer.Option("chdb", help="Decoder of --input files for the python engine: chdb (ClickHouse "
-                                "reads them) or fastavro."),
-    workers: int = typer.Option(1, help="fastavro decoding processes for --input (2 pays off only where "
-                                "decoding dominates pickling)."),
+    decoder: Optional[str] = typer.Option(None, help="Decoder of --input files for the python engine: chdb "
+                                          "(ClickHouse reads them; the default) or fastavro."),
+    workers: Optional[int] = typer.Option(None, help="fastavro decoding processes for --input (2 pays off only "
+                                          "where decoding dominates pickling)."),
     evidence: bool = typer.Option(True, "--evidence/--no-evidence", help="Write each signal's evidence into "
                                   "--output; without it, the SQL engine formats the lines in ClickHouse (fastest)."),
-    engine: str = typer.Option("python", help="python (the reference) or sql (ClickHouse; same signals)."),
+    engine: Optional[str] = typer.Option(None, help="python (the reference; the default) or sql (ClickHouse; "
+                                         "same signals)."),
     clickhouse: Optional[str] = typer.Option(None, "--clickhouse", help="Replay from the archive at this URL "
                                              "(chdb:///dir or a server URL) with the SQL engine."),
 ) -> None:
     """Recompute signals from the event log with any thresholds; print counts and a diff."""
-    from coevolve.streams.replay import run_replay
+    from coevolve.services.runtime.config import ConfigError
+    from coevolve.streams.replay.command import run_replay
+    from coevolve.streams.replay.config import ReplayConfig
 
-    if not input and not bootstrap and not clickhouse:
-        raise typer.BadParameter("give --input PATH, --bootstrap HOST:PORT or --clickhouse URL", param_hint="--input")
     try:
-        if engine == "sql" or clickhouse:
-            from coevolve.services.archive.sqlcommand import run_sql_replay
-
-            print(run_sql_replay(input, clickhouse, bootstrap, window, success_threshold, rare_threshold,
-                                 pattern_length, output, publish, compare, evidence=evidence))
-            return
-        if engine != "python":
-            raise ValueError(f"--engine {engine!r}: choose python or sql")
-        print(run_replay(input, bootstrap, window, success_threshold, rare_threshold, pattern_length,
-                         output, publish, compare, workers, evidence, decoder))
+        cfg = ReplayConfig.of(inputs=tuple(input or ()), bootstrap=bootstrap, clickhouse=clickhouse, window=window,
+                              success_threshold=success_threshold, rare_threshold=rare_threshold,
+                              pattern_length=pattern_length, engine=engine, decoder=decoder, workers=workers,
+                              evidence=evidence, output=output, publish=publish, compare=compare)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    try:
+        print(run_replay(cfg))
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
 
@@ -285,8 +314,8 @@ def analyze(
     as_json: bool = typer.Option(False, "--json", help="Print the numbers as JSON instead of tables."),
 ) -> None:
     """Training-dynamics tables and plots (signals, validation, turns, reward, forgetting, rare calls)."""
-    from coevolve.services.archive.report import run_analyze
-    from coevolve.services.archive.store import ArchiveError, chdb_url, connect
+    from coevolve.services.analytics.report import run_analyze
+    from coevolve.services.clickhouse.client import ArchiveError, chdb_url, connect
 
     try:
         client = connect(clickhouse or chdb_url(workdir), create=False)

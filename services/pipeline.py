@@ -14,10 +14,10 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from coevolve.services.broker.consumer import EventConsumer
-from coevolve.services.broker.embedded import EmbeddedBroker, free_port
-from coevolve.services.broker.topics import CATALOG, SIGNALS, create_topics
-from coevolve.services.log import get_logger
+from coevolve.services.kafka.consumer import EventConsumer
+from coevolve.services.kafka.embedded import EmbeddedBroker, free_port
+from coevolve.services.kafka.topics import CATALOG, SIGNALS, create_topics
+from coevolve.services.runtime.log import get_logger
 from coevolve.services.simulate import SimulationConfig, publish
 
 log = get_logger("run")
@@ -82,8 +82,8 @@ def wait_for_signals(bootstrap: str, expected: set[str], timeout_s: float) -> se
 def run_pipeline(workdir: Path, steps: int, bootstrap: str | None = None,
                  signal_timeout_s: float = 180.0) -> RunSummary:
     """Run the data plane on a simulated workload and check live signals against replay."""
-    from coevolve.services.archive.report import archive_and_analyze
-    from coevolve.streams.replay import replay_topics
+    from coevolve.services.analytics.report import archive_and_analyze
+    from coevolve.streams.replay.engine_python import replay_topics
 
     workdir = workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from coevolve.services.config import ConfigError, doc
+from coevolve.services.runtime.config import ConfigError, doc
 
 TOOLS = (
     "ls", "cd", "cat", "mkdir", "touch", "echo", "grep", "mv", "cp", "pwd", "find", "wc", "sort", "diff",
@@ -189,7 +189,7 @@ def publish(config: SimulationConfig, bootstrap: str, rate: float = 0.0) -> dict
     """Publish the run to Kafka at `rate` events/s (0: as fast as possible); return counts."""
     from tqdm import tqdm
 
-    from coevolve.services.broker.producer import EventProducer
+    from coevolve.services.kafka.producer import EventProducer
 
     counts: dict[str, int] = {}
     start = time.monotonic()

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from coevolve.services.broker.embedded import EmbeddedBroker
-from coevolve.services.broker.topics import create_topics
+from coevolve.services.kafka.embedded import EmbeddedBroker
+from coevolve.services.kafka.topics import create_topics
 
 
 @pytest.fixture

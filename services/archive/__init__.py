@@ -1,1 +1,1 @@
-"""The ClickHouse archive: every event of every topic, replayable signals in SQL, and the run's analyses."""
+"""The archive service: `coevolve archiver` (every topic into ClickHouse) and `coevolve archive import` (Avro log files)."""

@@ -1,4 +1,4 @@
-"""`coevolve archiver`: a consumer group that stores every topic in ClickHouse.
+"""`coevolve archiver`: a consumer group that stores every topic in ClickHouse (a runtime.Service).
 
 Each poll's events are added to a batch; a full (or old enough) batch is inserted, table by table, and
 only then are the consumer offsets committed. A crash between insert and commit makes the group
@@ -7,20 +7,21 @@ nothing is lost and nothing counts twice.
 """
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 from tqdm import tqdm
 
-from coevolve.services.archive.health import serve
 from coevolve.services.archive.rows import COLUMNS, rows_for
-from coevolve.services.archive.store import chdb_url, connect, gc_paused
-from coevolve.services.broker.topics import CATALOG
-from coevolve.services.config import ConfigError, doc
-from coevolve.services.log import get_logger
+from coevolve.services.clickhouse.client import chdb_url, connect, gc_paused
+from coevolve.services.kafka.consumer import EventConsumer
+from coevolve.services.kafka.producer import EventProducer
+from coevolve.services.kafka.topics import CATALOG
+from coevolve.services.runtime.config import ConfigError, doc
+from coevolve.services.runtime.log import get_logger
+from coevolve.services.runtime.service import Service
 
 log = get_logger("archiver")
 
@@ -56,7 +57,9 @@ class ArchiverConfig:
         return self.clickhouse_url or chdb_url(self.workdir)
 
 
-class _Batch:
+class RowBatch:
+    """Polled events as rows per table, with when the first of them came."""
+
     def __init__(self) -> None:
         self.rows: dict[str, list[list]] = {}
         self.events = 0
@@ -70,36 +73,31 @@ class _Batch:
             self.rows.setdefault(table, []).extend(rows)
 
 
-class Archiver:
+class Archiver(Service):
     """Consume, batch, insert, then commit. `run()` blocks; `stop()` ends it after storing the batch."""
 
+    name = "archiver"
+
     def __init__(self, config: ArchiverConfig, client=None):
-        self.cfg = config
+        super().__init__(config)
         self.client = client if client is not None else connect(config.url, config.database)
         self._owns_client = client is None
-        self._stop = threading.Event()
-        self.stored_events = 0
-        self.last_poll = time.monotonic()
-        self.registry = CollectorRegistry()
-        self.m_rows = Counter("archiver_rows", "Rows inserted, by table.", ["table"],
-                              registry=self.registry)
-        self.m_events = Counter("archiver_events", "Events stored and committed.", registry=self.registry)
-        self.m_batch = Histogram("archiver_batch_seconds", "Insert time of one batch.",
-                                 registry=self.registry)
-        self.m_commit = Gauge("archiver_last_commit_timestamp_seconds",
-                              "Unix time of the last offset commit.", registry=self.registry)
+        self.m_rows = Counter("archiver_rows", "Rows inserted, by table.", ["table"], registry=self.registry)
+        self.m_batch = Histogram("archiver_batch_seconds", "Insert time of one batch.", registry=self.registry)
         self.m_dead = Gauge("archiver_dead_lettered", "Undecodable messages sent to the dead-letter topic.",
                             registry=self.registry)
-        self.server = None
+        self.consumer = self.deadletters = self.bar = None
+        self.batch = RowBatch()
+        self.last_event = time.monotonic()
 
-    def health(self) -> tuple[bool, dict]:
-        age = time.monotonic() - self.last_poll
-        return age < 30.0, {"stored_events": self.stored_events, "seconds_since_poll": round(age, 3)}
+    @property
+    def stored_events(self) -> int:
+        return self.committed_events
 
-    def stop(self) -> None:
-        self._stop.set()
+    def details(self) -> dict:
+        return {"stored_events": self.stored_events}
 
-    def store(self, batch: _Batch) -> None:
+    def store(self, batch: RowBatch) -> None:
         """Insert the batch's rows, every table; raise if any insert fails (offsets stay uncommitted)."""
         started = time.monotonic()
         db = self.cfg.database
@@ -112,58 +110,52 @@ class Archiver:
                  tables={t: len(r) for t, r in batch.rows.items()})
 
     def commit(self, consumer) -> None:
+        """Commit the offsets of everything polled so far (all of it stored by now)."""
         consumer.commit()
-        self.m_commit.set(time.time())
 
-    def run(self) -> int:
-        """Archive until stopped (or idle past idle_exit_seconds); return the events stored."""
-        from coevolve.services.broker.consumer import EventConsumer
-        from coevolve.services.broker.producer import EventProducer
-
+    def start(self) -> None:
         cfg = self.cfg
-        if cfg.metrics_port >= 0:
-            self.server = serve(cfg.metrics_port, self.registry, self.health, cfg.metrics_host)
-            log.info("archiver.serving", port=self.server.server_address[1])
-        deadletters = EventProducer(cfg.kafka_bootstrap, client_id="coevolve-archiver")
-        consumer = EventConsumer(cfg.kafka_bootstrap, cfg.topic_list, group_id=cfg.group_id,
-                                 service="archiver", deadletters=deadletters)
+        self.deadletters = EventProducer(cfg.kafka_bootstrap, client_id="coevolve-archiver")
+        self.consumer = EventConsumer(cfg.kafka_bootstrap, cfg.topic_list, group_id=cfg.group_id,
+                                      service="archiver", deadletters=self.deadletters)
         log.info("archiver.started", bootstrap=cfg.kafka_bootstrap, archive=cfg.url, topics=cfg.topic_list)
-        batch, last_event = _Batch(), time.monotonic()
-        bar = tqdm(desc="archive", unit="event", disable=None, leave=False)
-        try:
-            while not self._stop.is_set():
-                items = consumer.poll(0.2)
-                self.last_poll = time.monotonic()
-                with gc_paused():
-                    for item in items:
-                        batch.add(item.name, item.event, item.partition, item.offset)
-                if items or not consumer.assigned():
-                    last_event = self.last_poll  # idle time counts from the group join on
-                due = batch.events and (batch.events >= cfg.batch_size
-                                        or self.last_poll - batch.started >= cfg.batch_seconds)
-                if due:
-                    self._flush(batch, consumer)
-                    bar.update(batch.events)
-                    batch = _Batch()
-                self.m_dead.set(consumer.dead_lettered)
-                if cfg.idle_exit_seconds and not batch.events and self.last_poll - last_event >= cfg.idle_exit_seconds:
-                    break
-            if batch.events:
-                self._flush(batch, consumer)
-        finally:
-            bar.close()
-            consumer.close()
-            deadletters.close()
-            if self.server is not None:
-                self.server.shutdown()
-            if self._owns_client:
-                self.client.close()
-        log.info("archiver.stopped", stored_events=self.stored_events)
-        return self.stored_events
+        self.bar = tqdm(desc="archive", unit="event", disable=None, leave=False)
+        self.last_event = time.monotonic()
 
-    def _flush(self, batch: _Batch, consumer) -> None:
+    def step(self) -> None:
+        """Poll once; store and commit the batch when it is full or old enough; stop when idle long enough."""
+        cfg, batch = self.cfg, self.batch
+        items = self.consumer.poll(0.2)
+        self.beat()
         with gc_paused():
-            self.store(batch)
-        self.commit(consumer)
-        self.stored_events += batch.events
-        self.m_events.inc(batch.events)
+            for item in items:
+                batch.add(item.name, item.event, item.partition, item.offset)
+        if items or not self.consumer.assigned():
+            self.last_event = self.last_beat  # idle time counts from the group join on
+        if batch.events and (batch.events >= cfg.batch_size or self.last_beat - batch.started >= cfg.batch_seconds):
+            self._flush()
+        self.m_dead.set(self.consumer.dead_lettered)
+        if cfg.idle_exit_seconds and not self.batch.events and self.last_beat - self.last_event >= cfg.idle_exit_seconds:
+            self.stop()
+
+    def loop(self) -> None:
+        super().loop()
+        if self.batch.events:
+            self._flush()
+
+    def finish(self) -> None:
+        for closable in (self.bar, self.consumer, self.deadletters):
+            if closable is not None:
+                closable.close()
+        if self._owns_client:
+            self.client.close()
+
+    def _flush(self) -> None:
+        batch, self.batch = self.batch, RowBatch()
+
+        def store() -> None:
+            with gc_paused():
+                self.store(batch)
+
+        self.settle(store, lambda: self.commit(self.consumer), batch.events)
+        self.bar.update(batch.events)

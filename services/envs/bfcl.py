@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable, Mapping, Sequence
 
-from coevolve.services.config import ConfigError, doc
 from coevolve.services.envs import bfcl_data
 from coevolve.services.envs.base import Message, StepResult, Task, TurnVerdict
 from coevolve.services.envs.calls import Call, CallLimits, Rejected, parse_action
+from coevolve.services.runtime.config import ConfigError, doc
 
 _BACKEND_PACKAGE = "bfcl_eval.eval_checker.multi_turn_eval.func_source_code"
 _MODULES = {name: file.removesuffix(".json") for name, file in bfcl_data.DOC_FILES.items()}

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from coevolve.services.config import doc
+from coevolve.services.runtime.config import doc
 
 
 @dataclass(frozen=True)

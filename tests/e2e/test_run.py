@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from coevolve.services.archive.store import chdb_url, connect
+from coevolve.services.clickhouse.client import chdb_url, connect
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

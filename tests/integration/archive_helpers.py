@@ -4,8 +4,8 @@ from __future__ import annotations
 import datetime as dt
 
 from coevolve.services.archive.rows import COLUMNS, ORIGIN, rows_for
-from coevolve.services.broker.consumer import EventConsumer
-from coevolve.services.broker.topics import CATALOG
+from coevolve.services.kafka.consumer import EventConsumer
+from coevolve.services.kafka.topics import CATALOG
 
 
 def read_whole_log(bootstrap: str) -> list:

@@ -10,8 +10,8 @@ import uuid
 import pytest
 
 from coevolve.services.archive.archiver import Archiver, ArchiverConfig
-from coevolve.services.archive.store import connect
-from coevolve.services.broker.producer import EventProducer
+from coevolve.services.clickhouse.client import connect
+from coevolve.services.kafka.producer import EventProducer
 from coevolve.services.simulate import SimulationConfig, Simulator, publish
 from tests.integration.archive_helpers import archived_tables, expected_tables, raw_count, read_whole_log
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from coevolve.services.archive.report import archive_and_analyze
-from coevolve.services.broker.producer import EventProducer
+from coevolve.services.analytics.report import archive_and_analyze
+from coevolve.services.kafka.producer import EventProducer
 from coevolve.services.simulate import SimulationConfig, Simulator, publish
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from coevolve.services.archive.store import connect
+from coevolve.services.clickhouse.client import connect
 from coevolve.services.simulate import SimulationConfig, publish
 from tests.integration.archive_helpers import archived_tables, expected_tables, read_whole_log
 

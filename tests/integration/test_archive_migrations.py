@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from coevolve.services.archive.migrations import MIGRATIONS, migrate
 from coevolve.services.archive.rows import COLUMNS
-from coevolve.services.archive.store import ArchiveError, connect
+from coevolve.services.clickhouse.client import ArchiveError, connect
+from coevolve.services.clickhouse.migrations import MIGRATIONS, migrate
 
 pytestmark = pytest.mark.integration
 

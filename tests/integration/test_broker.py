@@ -11,11 +11,11 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 
 from coevolve.schemas import EVENTS, default_registry
-from coevolve.services.broker.consumer import EventConsumer
-from coevolve.services.broker.embedded import free_port
-from coevolve.services.broker.offsets import true_end_offsets
-from coevolve.services.broker.producer import DeliveryError, EventProducer
-from coevolve.services.broker.topics import CATALOG, DEADLETTER, create_topics
+from coevolve.services.kafka.consumer import EventConsumer
+from coevolve.services.kafka.embedded import free_port
+from coevolve.services.kafka.offsets import true_end_offsets
+from coevolve.services.kafka.producer import DeliveryError, EventProducer
+from coevolve.services.kafka.topics import CATALOG, DEADLETTER, create_topics
 from tests.events import sample_events
 
 pytestmark = pytest.mark.integration

@@ -6,11 +6,12 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from coevolve.services.broker.producer import EventProducer
 from coevolve.services.cli import app
+from coevolve.services.kafka.producer import EventProducer
 from coevolve.services.simulate import SimulationConfig, Simulator
-from coevolve.streams.replay import read_signal_topic
-from coevolve.streams.signals import Thresholds, replay_signals
+from coevolve.streams.replay.engine_python import replay_signals
+from coevolve.streams.replay.report import read_signal_topic
+from coevolve.streams.rules import Thresholds
 
 pytestmark = pytest.mark.integration
 

@@ -5,9 +5,9 @@ from collections import Counter
 import pytest
 from typer.testing import CliRunner
 
-from coevolve.services.broker.consumer import EventConsumer
-from coevolve.services.broker.topics import CATALOG
 from coevolve.services.cli import app
+from coevolve.services.kafka.consumer import EventConsumer
+from coevolve.services.kafka.topics import CATALOG
 from coevolve.services.simulate import SimulationConfig, Simulator
 
 pytestmark = pytest.mark.integration

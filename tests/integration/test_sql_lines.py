@@ -11,12 +11,13 @@ import clickhouse_connect
 import pytest
 
 from coevolve.schemas.container import LogWriter
-from coevolve.services.archive.sqlcommand import run_sql_replay
-from coevolve.services.archive.sqllines import replay_sql_lines
-from coevolve.services.archive.sqlreplay import file_source
 from coevolve.services.simulate import SimulationConfig
-from coevolve.streams.replay import replay_files
-from coevolve.streams.signals import Thresholds
+from coevolve.streams.replay.command import run_replay
+from coevolve.streams.replay.config import ReplayConfig
+from coevolve.streams.replay.engine_python import replay_files
+from coevolve.streams.replay.sql_lines import replay_sql_lines
+from coevolve.streams.replay.sql_stages import file_source
+from coevolve.streams.rules import Thresholds
 from tests.integration.test_sql_replay import THRESHOLDS, rough_log
 
 pytestmark = pytest.mark.integration
@@ -85,7 +86,7 @@ def test_a_string_json_must_escape_falls_back_to_python_formatting(tmp_path):
 
 def test_the_command_writes_the_lines_and_counts_them(log, tmp_path):
     out = tmp_path / "signals.jsonl"
-    text = run_sql_replay([log], None, None, 5, 0.5, 5.0, 1, out, None, None, evidence=False)
+    text = run_replay(ReplayConfig(inputs=(log,), engine="sql", output=out, evidence=False))
     expected = python_lines(log, Thresholds())
     assert out.read_bytes() == expected
     kinds = [json.loads(line)["type"] for line in expected.splitlines()]

@@ -15,10 +15,12 @@ import clickhouse_connect
 import pytest
 
 from coevolve.schemas.container import LogWriter
-from coevolve.services.archive.sqlreplay import file_source, replay_sql
 from coevolve.services.simulate import SimulationConfig, Simulator
-from coevolve.streams.replay import replay_files, write_jsonl
-from coevolve.streams.signals import Thresholds
+from coevolve.streams.replay.engine_python import replay_files
+from coevolve.streams.replay.engine_sql import replay_sql
+from coevolve.streams.replay.report import write_jsonl
+from coevolve.streams.replay.sql_stages import file_source
+from coevolve.streams.rules import Thresholds
 
 pytestmark = pytest.mark.integration
 

@@ -6,11 +6,13 @@ import uuid
 import pytest
 
 from coevolve.services.archive.archiver import Archiver, ArchiverConfig
-from coevolve.services.archive.sqlcommand import run_sql_replay
-from coevolve.services.broker.producer import EventProducer
+from coevolve.services.kafka.producer import EventProducer
 from coevolve.services.simulate import SimulationConfig
-from coevolve.streams.replay import replay_topics, write_jsonl
-from coevolve.streams.signals import Thresholds
+from coevolve.streams.replay.command import run_replay
+from coevolve.streams.replay.config import ReplayConfig
+from coevolve.streams.replay.engine_python import replay_topics
+from coevolve.streams.replay.report import write_jsonl
+from coevolve.streams.rules import Thresholds
 from tests.integration.test_sql_replay import rough_log
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -30,8 +32,9 @@ def test_archive_replay_equals_topic_replay(bootstrap, tmp_path):
         expected = replay_topics(bootstrap, th)
         assert expected.outcomes["late"] > 0 and expected.outcomes["duplicate"] > 0
         write_jsonl(expected.signals, tmp_path / "python.jsonl")
-        text = run_sql_replay(None, url, None, th.window, th.success_threshold, th.rare_threshold,
-                              th.pattern_length, tmp_path / "sql.jsonl", None, str(tmp_path / "python.jsonl"))
+        text = run_replay(ReplayConfig(clickhouse=url, success_threshold=th.success_threshold, window=th.window,
+                                       rare_threshold=th.rare_threshold, pattern_length=th.pattern_length,
+                                       output=tmp_path / "sql.jsonl", compare=str(tmp_path / "python.jsonl")))
         assert f"compared with {len(expected.signals)} signals: +0 -0" in text
         python = sorted((tmp_path / "python.jsonl").read_text().splitlines())
         sql = sorted((tmp_path / "sql.jsonl").read_text().splitlines())

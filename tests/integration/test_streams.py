@@ -19,13 +19,13 @@ from pathlib import Path
 import pytest
 
 from coevolve.schemas import default_registry
-from coevolve.services.broker.embedded import free_port
-from coevolve.services.broker.producer import EventProducer
-from coevolve.services.broker.topics import DEADLETTER, SIGNALS, STEPS, TRAJECTORIES
+from coevolve.services.kafka.consumer import EventConsumer
+from coevolve.services.kafka.embedded import free_port
+from coevolve.services.kafka.producer import EventProducer
+from coevolve.services.kafka.topics import DEADLETTER, SIGNALS, STEPS, TRAJECTORIES
 from coevolve.services.simulate import SimulationConfig, Simulator
-from coevolve.services.broker.consumer import EventConsumer
-from coevolve.streams.replay import replay_topics
-from coevolve.streams.signals import Signal
+from coevolve.streams.replay.engine_python import replay_topics
+from coevolve.streams.rules import Signal
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 REGISTRY = default_registry()

@@ -3,7 +3,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from coevolve.services.config import ConfigError, describe, doc, load
+from coevolve.services.runtime.config import ConfigError, describe, doc, load
 
 
 @dataclass(frozen=True)

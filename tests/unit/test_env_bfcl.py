@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from coevolve.services.config import ConfigError
 from coevolve.services.envs import Task, bfcl_data, make_env, run_episode
 from coevolve.services.envs.bfcl import BfclConfig, BfclEnv, InvalidTask, reference_problems, score_calls
 from coevolve.services.envs.calls import parse_action
+from coevolve.services.runtime.config import ConfigError
 
 BASE0 = "multi_turn_base_0"  # GorillaFileSystem + TwitterAPI, 4 turns
 

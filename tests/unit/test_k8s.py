@@ -8,8 +8,8 @@ import pytest
 import yaml
 from typer.main import get_command
 
-from coevolve.services.broker.topics import CATALOG
 from coevolve.services.cli import app
+from coevolve.services.kafka.topics import CATALOG
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGETS = ["k8s/overlays/local", "k8s/overlays/production", "k8s/jobs/replay"]

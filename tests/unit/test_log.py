@@ -2,7 +2,7 @@
 import json
 import logging
 
-from coevolve.services import log as logs
+from coevolve.services.runtime import log as logs
 
 
 def test_log_lines_are_json_with_event_and_fields(capsys):

@@ -5,9 +5,10 @@ import math
 
 import pytest
 
-from coevolve.streams.signals import (ACCEPTED, DUPLICATE, LATE, EvidenceLimits, InvalidEvent, Replayer,
-                                      Signal, Thresholds, close_groups, new_task_state, pattern_keys,
-                                      record_rollout, replay_signals, rollout_of, signal_id)
+from coevolve.streams.replay.engine_python import Replayer, replay_signals
+from coevolve.streams.rules import (ACCEPTED, DUPLICATE, LATE, EvidenceLimits, InvalidEvent, Signal, Thresholds,
+                                    close_groups, new_task_state, pattern_keys, record_rollout, rollout_of,
+                                    signal_id)
 
 TH = Thresholds()
 
@@ -247,7 +248,7 @@ def test_thresholds_validate():
 
 
 def test_offer_candidate_sends_only_what_can_be_among_the_smallest():
-    from coevolve.streams.signals import offer_candidate
+    from coevolve.streams.rules import offer_candidate
     best: dict = {}
     assert offer_candidate(best, "e5", ["a", "a"], 2) and offer_candidate(best, "e7", ["a"], 2)
     assert best["a"] == ["e5", "e7"]  # a repeated key offers its trajectory once

@@ -5,7 +5,7 @@ import pytest
 
 from coevolve.schemas import default_registry
 from coevolve.schemas.container import read_log
-from coevolve.services.config import ConfigError
+from coevolve.services.runtime.config import ConfigError
 from coevolve.services.simulate import SimulationConfig, Simulator, write_file
 
 

@@ -1,7 +1,7 @@
-"""`coevolve replay --engine sql`: the three signals computed in ClickHouse SQL, over the archive or
-over Avro log files that ClickHouse reads directly.
+"""The SQL engine's text: the three signals as ClickHouse SQL stages, over the archive or over Avro
+log files that ClickHouse reads directly (`engine_sql` runs them).
 
-The rules are those of streams/signals.py (the reference), restated as set operations over log
+The rules are those of streams/rules.py (the reference), restated as set operations over log
 positions (`pos`: partition and offset in the archive, file and row for files):
 - the first occurrence of an event_id counts (an event_id is taken to name one event: the reference
   tells duplicates apart per group, so two different events sharing an id could differ); invalid
@@ -29,18 +29,14 @@ is called late for it. Only logs whose attempts close more than 16 steps out of 
 """
 from __future__ import annotations
 
-import contextlib
-import math
-import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from coevolve.services.archive.store import gc_paused
-from coevolve.streams.signals import KEEP_CLOSED, EvidenceLimits, Signal, Thresholds, rare_signal, signal_order
+from coevolve.services.clickhouse.sql import quote_path
+from coevolve.streams.replay.sources import split_inputs
+from coevolve.streams.rules import KEEP_CLOSED, SEP, Thresholds
 
 INF = 2**64 - 1
-SEP = "\x1f"
 
 
 @dataclass(frozen=True)
@@ -62,39 +58,16 @@ def archive_source(db: str) -> Source:
     return Source(traj, f"SELECT run_id, step, trajectory_count FROM {db}.steps FINAL", True, ("archive", db))
 
 
-def literal(value) -> str:
-    """A ClickHouse SQL literal for a str or an int."""
-    if isinstance(value, int):
-        return str(value)
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def _quote(path: Path) -> str:
-    return literal(str(path.resolve()))
-
-
-def insert_rows(client, table: str, rows) -> None:
-    """INSERT literal rows (str and int values): unlike client.insert, no per-process set-up cost."""
-    rows = list(rows)
-    for i in range(0, len(rows), 50_000):
-        values = ",".join("(" + ",".join(map(literal, row)) + ")" for row in rows[i:i + 50_000])
-        client.command(f"INSERT INTO {table} VALUES {values}")
-
-
 def file_source(paths: list[Path]) -> Source:
     """Avro container files (trajectory and completed-step files, any order); pos = (file index, row)."""
-    from coevolve.streams.replay import _root_name, expand_inputs
-
-    named = [(p, _root_name(p)) for p in expand_inputs(paths)]
-    trajectory_files = [p for p, n in named if n == "TrajectoryRecorded"]
-    step_files = [p for p, n in named if n == "StepCompleted"]
+    trajectory_files, step_files = split_inputs(paths)
     parts = [f"""SELECT toUInt64(bitShiftLeft(toUInt64({i}), 44) + toUInt64(_row_number)) AS pos, event_id, run_id,
-        step, task_id, rollout_index, group_size, score, actions.name AS names FROM file({_quote(p)}, 'Avro')"""
+        step, task_id, rollout_index, group_size, score, actions.name AS names FROM file({quote_path(p)}, 'Avro')"""
              for i, p in enumerate(trajectory_files)]
     traj = " UNION ALL ".join(parts) or """SELECT toUInt64(0) AS pos, '' AS event_id, '' AS run_id,
         toInt64(0) AS step, '' AS task_id, toInt32(0) AS rollout_index, toInt32(0) AS group_size,
         toFloat64(0) AS score, CAST([], 'Array(String)') AS names WHERE 0"""
-    steps = " UNION ALL ".join(f"SELECT run_id, step, trajectory_count FROM file({_quote(p)}, 'Avro')"
+    steps = " UNION ALL ".join(f"SELECT run_id, step, trajectory_count FROM file({quote_path(p)}, 'Avro')"
                                for p in step_files) or \
         "SELECT '' AS run_id, toInt64(0) AS step, toInt32(0) AS trajectory_count WHERE 0"
     return Source(traj, steps, False, ("files", trajectory_files))
@@ -283,150 +256,3 @@ def rare_sql(t: dict[str, str], th: Thresholds, keep: int) -> str:
     INNER JOIN {t['rare']} AS r ON h.sk = r.sk AND h.p = r.p
     INNER JOIN {t['cuts']} AS c ON h.sk = c.sk
     GROUP BY h.sk, h.p"""
-
-
-def evidence_of(client, event_ids, source: tuple[str, object], limits: EvidenceLimits) -> dict[str, dict]:
-    """Each listed trajectory's evidence, from the archive or the files of `source` (a Source's
-    `evidence`); the ids go in a temporary table for the query."""
-    ids_table = f"replay_ids_{uuid.uuid4().hex[:8]}"
-    client.command(f"CREATE TEMPORARY TABLE {ids_table} (event_id String) ENGINE = Memory")
-    try:
-        insert_rows(client, ids_table, ([i] for i in sorted(event_ids)))
-        return _evidence(client, ids_table, source, limits)
-    finally:
-        client.command(f"DROP TEMPORARY TABLE IF EXISTS {ids_table}")
-
-
-def _evidence(client, ids_table: str, source: tuple[str, object], limits: EvidenceLimits) -> dict[str, dict]:
-    """Each trajectory in `ids_table`, shaped and truncated as streams.signals.rollout_of does."""
-    kind, where = source
-    oc, ac, na = limits.observation_chars, limits.arguments_chars, limits.max_actions
-    wanted = f"event_id IN (SELECT event_id FROM {ids_table})"
-    out: dict[str, dict] = {}
-    if kind == "archive":
-        db = where
-        for eid, task, idx, score in client.query(f"""SELECT event_id, task_id, rollout_index, score
-                FROM {db}.trajectories FINAL WHERE {wanted}""").result_rows:
-            out[eid] = {"event_id": eid, "task_id": task, "rollout_index": idx, "score": float(score), "actions": []}
-        for eid, name, args, obs in client.query(f"""SELECT event_id, name, substringUTF8(arguments, 1, {ac}),
-                substringUTF8(observation, 1, {oc}) FROM {db}.actions FINAL
-                WHERE {wanted} AND position < {na} ORDER BY event_id, position""").result_rows:
-            out[eid]["actions"].append({"name": name, "arguments": args, "observation": obs})
-        return out
-    for path in where:
-        rows = client.query(f"""SELECT event_id, task_id, rollout_index, score, arrayMap(a -> (a.name,
-                substringUTF8(a.arguments, 1, {ac}), substringUTF8(a.observation, 1, {oc})), arraySlice(actions, 1, {na}))
-                FROM file({_quote(path)}, 'Avro') WHERE {wanted} AND isFinite(score) AND group_size >= 1
-                ORDER BY _row_number""").result_rows
-        for eid, task, idx, score, acts in rows:
-            out.setdefault(eid, {"event_id": eid, "task_id": task, "rollout_index": idx, "score": float(score),
-                                 "actions": [{"name": a[0], "arguments": a[1], "observation": a[2]} for a in acts]})
-    return out
-
-
-def _mean(scores) -> float:
-    """An attempt's score exactly as the reference computes it (ClickHouse has no exactly rounded sum)."""
-    return math.fsum(scores) / len(scores)
-
-
-def replay_sql(client, source: Source, thresholds: Thresholds = Thresholds(),
-               limits: EvidenceLimits = EvidenceLimits(), evidence: bool = True) -> tuple[list[Signal], dict]:
-    """Every signal of the log, computed in SQL; evidence trajectories fetched for the raised ones.
-
-    Returns (signals sorted by run, step, kind, subject; stats with events, accepted and seconds)."""
-    with gc_paused():  # result rows become signals: many short-lived objects, no cycles
-        return _replay_sql(client, source, thresholds, limits, evidence)
-
-
-STAGES = ("first", "triggers", "opened", "groups", "late", "attempts", "cuts", "excluded", "keys", "rare",
-          "raised", "tasks")
-
-
-JIT_SETTINGS = ("compile_expressions", "compile_aggregate_expressions", "compile_sort_description")
-
-
-@contextlib.contextmanager
-def jit_off(client):
-    """ClickHouse JIT-compiles an expression on its third use in a session. The replay's queries run
-    once each, so the compile costs more than it saves: a replay that hit it ran at half speed. Off
-    for the block (session settings), restored afterwards."""
-    names = ", ".join(map(literal, JIT_SETTINGS))
-    before = client.query(f"SELECT name, value FROM system.settings WHERE name IN ({names})").result_rows
-    for name in JIT_SETTINGS:
-        client.command(f"SET {name} = 0")
-    try:
-        yield
-    finally:
-        for name, value in before:
-            client.command(f"SET {name} = {literal(value)}")
-
-
-@contextlib.contextmanager
-def materialized(client, source: Source, th: Thresholds, slim: bool = False):
-    """Every stage of `stage_sql`, the closed attempts and the rare counts as temporary tables; yields
-    their names (`t`), and drops them all afterwards. JIT compilation is off meanwhile (`jit_off`)."""
-    tag = uuid.uuid4().hex[:8]
-    t = {name: f"replay_{name}_{tag}" for name in STAGES}
-    with jit_off(client), _dropped(client, t):
-        for name, select in stage_sql(t, source, th, slim):
-            client.command(f"CREATE TEMPORARY TABLE {t[name]} ENGINE = Memory AS {select}")
-        client.command(f"CREATE TEMPORARY TABLE {t['rare']} ENGINE = Memory AS {rare_counts_sql(t, th)}")
-        yield t
-
-
-@contextlib.contextmanager
-def _dropped(client, t: dict[str, str]):
-    try:
-        yield
-    finally:
-        for table in t.values():
-            client.command(f"DROP TEMPORARY TABLE IF EXISTS {table}")
-
-
-def log_stats(client, t: dict[str, str]) -> tuple[int, int]:
-    """(trajectory events in the log, valid first occurrences)."""
-    events, valid = client.query(f"SELECT sum(copies), countIf(valid) FROM {t['first']}").result_rows[0]
-    return int(events), int(valid)
-
-
-def fetch_rollouts(client, t: dict[str, str], keys, slim: bool = False) -> dict[int, list]:
-    """Group key -> its rollouts (rollout_index, event_id, score), for the given group keys."""
-    client.command(f"CREATE TEMPORARY TABLE IF NOT EXISTS {t['keys']} (gk UInt64) ENGINE = Memory")
-    client.command(f"TRUNCATE TABLE {t['keys']}")
-    insert_rows(client, t["keys"], ([k] for k in keys))
-    return dict(client.query(rollouts_sql(t, t["keys"], slim)).result_rows)
-
-
-def _replay_sql(client, source: Source, thresholds: Thresholds, limits: EvidenceLimits,
-                evidence: bool) -> tuple[list[Signal], dict]:
-    started = time.perf_counter()
-    th = thresholds
-    with materialized(client, source, th) as t:
-        attempts = client.query(attempt_sql(t["attempts"], th)).result_rows
-        rollouts = fetch_rollouts(client, t, {k for row in attempts for k in (row[3], *row[4])})
-        keep = limits.rare_trajectories if evidence else 0
-        rare = client.query(rare_sql(t, th, keep)).result_rows
-        sql_seconds = time.perf_counter() - started
-        trajectories = {}
-        if evidence:
-            wanted = {r[1] for row in attempts for r in rollouts[row[3]]} | {i for row in rare for i in row[7]}
-            trajectories = evidence_of(client, wanted, source.evidence, limits)
-        stats = log_stats(client, t)
-    signals: list[Signal] = []
-    tau = th.success_threshold
-    for run_id, task_id, step, gk, previous, candidate, boundary, *_sql_scores in attempts:
-        ids, scores = [r[1] for r in rollouts[gk]], [r[2] for r in rollouts[gk]]
-        score, before = _mean(scores), [_mean([r[2] for r in rollouts[g]]) for g in previous]
-        forgetting = candidate and score < tau and any(p >= tau for p in before)
-        ev = {"scores": list(scores), "attempt_score": score, "previous_scores": before,
-              "trajectories": [trajectories[i] for i in ids if i in trajectories]}
-        for kind, raised in (("forgetting", forgetting), ("boundary", boundary)):
-            if raised:
-                signals.append(Signal(kind, run_id, step, task_id, th, task_id=task_id, evidence=ev))
-    for run_id, step, p, incomplete, c, total, task_ids, ids in rare:
-        signals.append(rare_signal(run_id, step, p, th, incomplete, {
-            "pattern_count": c, "pattern_total": total, "task_ids": list(task_ids),
-            "trajectories": [trajectories[i] for i in ids if i in trajectories]}))
-    signals.sort(key=signal_order)
-    return signals, {"events": stats[0], "valid": stats[1], "sql_seconds": sql_seconds,
-                     "seconds": time.perf_counter() - started}

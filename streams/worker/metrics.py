@@ -1,15 +1,14 @@
-"""Prometheus metrics of the signal processors, in a registry of their own (no module state)."""
+"""Prometheus metrics of the signal processors, in the service's registry (no module state)."""
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 
 class Metrics:
     """signals/raised_total, signals/trajectories_total, signals/deadletter_total, signals/batch_seconds."""
 
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
         self.raised = Counter("signals_raised_total", "Signals raised, by kind.", ["kind"],
                               registry=self.registry)
         self.trajectories = Counter("signals_trajectories_total", "Trajectories seen, by outcome "
@@ -18,6 +17,3 @@ class Metrics:
                                      "by error type.", ["error_type"], registry=self.registry)
         self.batch_seconds = Histogram("signals_batch_seconds", "Time to process one batch, by agent.",
                                        ["agent"], registry=self.registry)
-
-    def exposition(self) -> tuple[bytes, str]:
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST

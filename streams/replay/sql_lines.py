@@ -4,7 +4,7 @@ Scalar windows decide most attempts in SQL (`screen_sql`). Python reads only the
 signal or are unsettled (an earlier attempt closed after them, or a mean lies within sumKahan's slack of
 tau): those it decides with `attempt_sql` and, near tau, with math.fsum as the reference does. It hands
 the raised attempt signals back to ClickHouse, which computes each id (the same SHA-256 of the same
-JSON text as `streams.signals.signal_id`), formats every line and sorts them; the bytes equal those
+JSON text as `streams.rules.signal_id`), formats every line and sorts them; the bytes equal those
 `write_jsonl(signals, evidence=False)` writes. JSON text needs no escaping when every string is
 printable ASCII without `"` or `\\`; ClickHouse checks that first, on the distinct strings, and if one
 is not, Python formats the whole set from the same tables instead.
@@ -17,10 +17,11 @@ import time
 import uuid
 from pathlib import Path
 
-from coevolve.services.archive.sqlreplay import (SEP, Source, _mean, attempt_sql, fetch_rollouts, insert_rows,
-                                                 literal, log_stats, materialized, rare_sql, screen_sql)
-from coevolve.streams.replay import write_jsonl
-from coevolve.streams.signals import Signal, Thresholds, rare_signal, signal_order
+from coevolve.services.clickhouse.sql import insert_rows, literal
+from coevolve.streams.replay.engine_sql import exact_mean, fetch_rollouts, log_stats, materialized
+from coevolve.streams.replay.report import write_jsonl
+from coevolve.streams.replay.sql_stages import Source, attempt_sql, rare_sql, screen_sql
+from coevolve.streams.rules import SEP, Signal, Thresholds, forgets, rare_signal, signal_order
 
 UNSAFE = r"[^\x20\x21\x23-\x5b\x5d-\x7e]"  # any character JSON would escape
 
@@ -66,9 +67,9 @@ def _forgetting_of(client, t: dict[str, str], th: Thresholds, unsettled: dict[in
     out = []
     for run_id, task_id, step, gk, previous, _candidate, _boundary, score, before, is_near in rows:
         if is_near:
-            score = _mean([r[2] for r in rollouts[gk]])
-            before = [_mean([r[2] for r in rollouts[g]]) for g in previous]
-        if score < tau and any(p >= tau for p in before):
+            score = exact_mean([r[2] for r in rollouts[gk]])
+            before = [exact_mean([r[2] for r in rollouts[g]]) for g in previous]
+        if forgets(score, before, tau):
             out.append(["forgetting", run_id, step, task_id])
     return out
 

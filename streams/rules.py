@@ -1,33 +1,40 @@
 """Weakness signals as pure functions over plain data: no Faust, Kafka or I/O import.
 
-Public API (used by the Faust agents in streams/app.py, by `coevolve replay`, and as the reference
-for other implementations, e.g. SQL):
+Public API (used by the Faust worker in streams/worker/, by the Python replay in streams/replay/, and
+the reference the SQL engine is kept equal to):
 
 - `Thresholds(success_threshold=0.5, window=5, rare_threshold=5.0, pattern_length=1)`: tau, W,
-  theta (percent) and n.
+  theta (percent) and n; the one place their defaults are written.
 - `EvidenceLimits`: how much of each trajectory a signal carries.
 - `Signal`: one raised signal; `.id`, `.to_json()` (the JSON-lines form), `.to_record(ms)` (SignalRaised).
 - `signal_id(kind, run_id, step, subject, thresholds)`: the first 32 hex digits of
   sha256(json.dumps([kind, run_id, step, subject, [tau, W, theta, n]], separators=(",", ":"))),
   tau and theta as floats, W and n as ints; subject is the task_id, or the pattern joined by " > ".
-- `rollout_of(event, limits)`: a TrajectoryRecorded event to the compact `Rollout` the functions use;
-  `make_rollout(...)` the same from its fields.
-- Attempts, per (run, task): `new_task_state()`, `record_rollout(state, rollout, th)` ->
-  (outcome, signals) with outcome ACCEPTED, DUPLICATE or LATE; `close_groups(state, step, th)` closes
-  every open group at a step <= `step` (its completed-step event, or the end of the input).
-- Rare, per (run, step): `new_step_state()`, `count_rollout(state, event_id, task_id, keys, evidence)`
-  with keys from `pattern_keys(names, n)`, `set_trajectory_count(state, n)`, `step_complete(state)`,
-  `close_step(state, run, step, th, incomplete, limits)` -> signals. Counting only records the
-  trajectory; the counts, tasks and evidence are taken at close, in bulk.
-- `replay_signals(events, th, limits)`: the whole log, (record name, event) pairs, to signals;
-  `Replayer` is the same, incrementally.
+  `signal_order(s)`: the order signal sets are written in (run, step, kind, subject).
+- `Rollout` (a NamedTuple): `rollout_of(event, limits)` from a TrajectoryRecorded event,
+  `make_rollout(...)` from its fields.
+- Step completion: `takes_effect(completed_step, step)` says whether a run's completed-step record
+  takes effect before that run's trajectory at `step`; `closes_any(state, step)` whether it closes
+  one of a task's open groups.
+- Attempts, per (run, task), state `TaskState`: `new_task_state()`, `record_rollout(state, rollout, th)`
+  -> (outcome, signals) with outcome ACCEPTED, DUPLICATE or LATE; `close_groups(state, step, th)`
+  closes every open group at a step <= `step` (its completed-step event, or the end of the input).
+  The decisions themselves: `forgets(score, previous, tau)` and `straddles(scores, tau)` (boundary).
+- Rare, per (run, step), state `StepState`: `new_step_state()`, `count_rollout(state, event_id,
+  task_id, keys, evidence)` with keys from `pattern_keys(names, n)`, `set_trajectory_count(state, n)`,
+  `step_complete(state)`, `close_step(state, run, step, th, incomplete, limits)` -> signals. Counting
+  only records the trajectory; the counts, tasks and evidence are taken at close, in bulk.
+
+States are JSON-ready dicts (the worker's tables store them as JSON); a rollout read back from a table
+is a list, which `Rollout._make` names again.
 
 Definitions. An attempt's score is math.fsum of its rollout scores / their count. A score s succeeds
 when s >= tau. forgetting: the attempt fails and one of the task's previous W closed attempts (those
 with a lower step, in step order, as closed when this one closes) succeeded. boundary: the group
 holds a success and a failure. rare: 0 < c_p / N < theta / 100, computed as `0 < c_p` and
-`100 * c_p < theta * N`. Order in replay: a step's completed-step record takes effect just before
-the first trajectory of its run with a higher step; the end of the input closes everything.
+`100 * c_p < theta * N`. Order: a run's completed-step record for step s takes effect just before the
+first trajectory of that run with a step > s (`takes_effect`); in replay the end of the input closes
+everything.
 """
 from __future__ import annotations
 
@@ -39,6 +46,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import chain
+from typing import Any, NamedTuple, TypedDict
 
 KINDS = ("forgetting", "boundary", "rare")
 ACCEPTED, DUPLICATE, LATE = "accepted", "duplicate", "late"
@@ -139,8 +147,18 @@ class Signal:
         return cls.from_json({**rec, "type": rec["kind"]})
 
 
-# A rollout, compact: (event_id, run_id, step, task_id, rollout_index, group_size, score, names, evidence)
-Rollout = tuple
+class Rollout(NamedTuple):
+    """What the signals need of one TrajectoryRecorded event; `evidence` is what a signal carries for it."""
+
+    event_id: str
+    run_id: str
+    step: int
+    task_id: str
+    rollout_index: int
+    group_size: int
+    score: float
+    names: tuple
+    evidence: Any
 
 
 def rollout_of(event: dict, limits: EvidenceLimits = EvidenceLimits()) -> Rollout:
@@ -149,10 +167,10 @@ def rollout_of(event: dict, limits: EvidenceLimits = EvidenceLimits()) -> Rollou
     oc, ac = limits.observation_chars, limits.arguments_chars
     r = make_rollout(event["event_id"], event["run_id"], event["step"], event["task_id"], event["rollout_index"],
                      event["group_size"], event["score"], [a["name"] for a in acts], None)
-    evidence = {"event_id": r[0], "task_id": r[3], "rollout_index": r[4], "score": r[6],
+    evidence = {"event_id": r.event_id, "task_id": r.task_id, "rollout_index": r.rollout_index, "score": r.score,
                 "actions": [{"name": a["name"], "arguments": a["arguments"][:ac],
                              "observation": a["observation"][:oc]} for a in acts[:limits.max_actions]]}
-    return r[:8] + (evidence,)
+    return r._replace(evidence=evidence)
 
 
 def make_rollout(event_id: str, run_id: str, step: int, task_id: str, rollout_index: int, group_size: int,
@@ -163,7 +181,7 @@ def make_rollout(event_id: str, run_id: str, step: int, task_id: str, rollout_in
         raise InvalidEvent(f"score is not a finite number: {score!r}")
     if group_size < 1:
         raise InvalidEvent(f"group_size must be at least 1 (got {group_size})")
-    return (event_id, run_id, step, task_id, rollout_index, group_size, float(score), tuple(names), evidence)
+    return Rollout(event_id, run_id, step, task_id, rollout_index, group_size, float(score), tuple(names), evidence)
 
 
 def pattern_keys(names, n: int) -> list[str]:
@@ -174,31 +192,50 @@ def pattern_keys(names, n: int) -> list[str]:
     return [SEP.join(names[i:i + n]) for i in range(len(names) - n + 1)]
 
 
+# ---- step completion: when a completed step takes effect ----
+
+def takes_effect(completed_step: int, step: int) -> bool:
+    """Whether a run's completed-step record for `completed_step` takes effect before that run's
+    trajectory at `step`: it does before the first trajectory with a higher step."""
+    return completed_step < step
+
+
+def closes_any(state: "TaskState", step: int) -> bool:
+    """Whether a completed step `step` closes one of the task's open groups (those at a step <= it)."""
+    return any(int(k) <= step for k in state["open"])
+
+
 # ---- attempts: forgetting and boundary, per (run, task) ----
 
-def new_task_state() -> dict:
-    """open: step (str) -> [group_size, [rollout, ...]]; closed: [[step, score, [event ids]], ...]
-    sorted by step; horizon: the highest step forgotten from `closed`."""
+class TaskState(TypedDict):
+    """A task's attempts in one run. open: step (str) -> [group_size, [rollout, ...]]; closed:
+    [[step, score, [event ids]], ...] sorted by step; horizon: the highest step forgotten from `closed`."""
+
+    open: dict[str, list]
+    closed: list[list]
+    horizon: int | None
+
+
+def new_task_state() -> TaskState:
     return {"open": {}, "closed": [], "horizon": None}
 
 
-def record_rollout(state: dict, r: Rollout, th: Thresholds) -> tuple[str, list[Signal]]:
+def record_rollout(state: TaskState, r: Rollout, th: Thresholds) -> tuple[str, list[Signal]]:
     """Add one rollout to its group; close the group when it holds group_size distinct rollouts."""
-    key = str(r[2])
+    key = str(r.step)
     group = state["open"].get(key)
     if group is None:
-        step = r[2]
         for c_step, _score, ids in state["closed"]:
-            if c_step == step:
-                return (DUPLICATE if r[0] in ids else LATE), []
+            if c_step == r.step:
+                return (DUPLICATE if r.event_id in ids else LATE), []
         horizon = state["horizon"]
-        if horizon is not None and step <= horizon:
+        if horizon is not None and r.step <= horizon:
             return LATE, []
-        group = state["open"][key] = [r[5], []]
+        group = state["open"][key] = [r.group_size, []]
     rollouts = group[1]
-    eid = r[0]
+    eid = r.event_id
     for other in rollouts:
-        if other[0] == eid:
+        if other[0] == eid:  # a rollout read back from a table is a list
             return DUPLICATE, []
     rollouts.append(r)
     if len(rollouts) >= group[0]:
@@ -206,7 +243,7 @@ def record_rollout(state: dict, r: Rollout, th: Thresholds) -> tuple[str, list[S
     return ACCEPTED, []
 
 
-def close_groups(state: dict, step: int, th: Thresholds) -> list[Signal]:
+def close_groups(state: TaskState, step: int, th: Thresholds) -> list[Signal]:
     """Close every open group at a step <= `step`, lowest step first, with what it has."""
     keys = sorted((k for k in state["open"] if int(k) <= step), key=int)
     out: list[Signal] = []
@@ -215,12 +252,12 @@ def close_groups(state: dict, step: int, th: Thresholds) -> list[Signal]:
     return out
 
 
-def _close(state: dict, key: str, th: Thresholds) -> list[Signal]:
-    _size, rollouts = state["open"].pop(key)
-    rollouts = sorted(rollouts, key=lambda r: (r[4], r[0]))
+def _close(state: TaskState, key: str, th: Thresholds) -> list[Signal]:
+    _size, members = state["open"].pop(key)
+    rollouts = sorted(map(Rollout._make, members), key=lambda r: (r.rollout_index, r.event_id))
     r0 = rollouts[0]
-    run_id, step, task_id = r0[1], r0[2], r0[3]
-    scores = [r[6] for r in rollouts]
+    run_id, step, task_id = r0.run_id, r0.step, r0.task_id
+    scores = [r.score for r in rollouts]
     score = math.fsum(scores) / len(scores)
     tau = th.success_threshold
     closed = state["closed"]
@@ -229,37 +266,61 @@ def _close(state: dict, key: str, th: Thresholds) -> list[Signal]:
     previous = [c[1] for c in closed[max(0, at - th.window):at]]
     out = []
     evidence = None
-    if score < tau and any(p >= tau for p in previous):
+    if forgets(score, previous, tau):
         evidence = _attempt_evidence(rollouts, scores, score, previous)
         out.append(Signal("forgetting", run_id, step, task_id, th, task_id=task_id, evidence=evidence))
-    if any(s >= tau for s in scores) and any(s < tau for s in scores):
+    if straddles(scores, tau):
         evidence = evidence or _attempt_evidence(rollouts, scores, score, previous)
         out.append(Signal("boundary", run_id, step, task_id, th, task_id=task_id, evidence=evidence))
-    closed.insert(at, [step, score, [r[0] for r in rollouts]])
-    keep = max(th.window, KEEP_CLOSED)
-    if len(closed) > keep:
-        dropped = closed[: len(closed) - keep]
-        del closed[: len(closed) - keep]
-        top = dropped[-1][0]
-        state["horizon"] = top if state["horizon"] is None else max(state["horizon"], top)
+    closed.insert(at, [step, score, [r.event_id for r in rollouts]])
+    _forget_old(state, max(th.window, KEEP_CLOSED))
     return out
 
 
-def _attempt_evidence(rollouts, scores, score, previous) -> dict:
+def forgets(score: float, previous: list[float], tau: float) -> bool:
+    """forgetting: the attempt fails and one of the previous W attempts succeeded."""
+    return score < tau and any(p >= tau for p in previous)
+
+
+def straddles(scores: list[float], tau: float) -> bool:
+    """boundary: the group's rollouts hold a success and a failure."""
+    return any(s >= tau for s in scores) and any(s < tau for s in scores)
+
+
+def _forget_old(state: TaskState, keep: int) -> None:
+    """Keep the `keep` highest-step closed attempts; the horizon remembers how far the rest reached."""
+    closed = state["closed"]
+    if len(closed) > keep:
+        top = closed[len(closed) - keep - 1][0]
+        del closed[: len(closed) - keep]
+        state["horizon"] = top if state["horizon"] is None else max(state["horizon"], top)
+
+
+def _attempt_evidence(rollouts: list[Rollout], scores, score, previous) -> dict:
     return {"scores": scores, "attempt_score": score, "previous_scores": previous,
-            "trajectories": [r[8] for r in rollouts]}
+            "trajectories": [r.evidence for r in rollouts]}
 
 
 # ---- rare: per (run, step) ----
 
-def new_step_state() -> dict:
-    """expected: the step's trajectory_count (None until its completed-step event); seen: event ids
-    counted; rows: [[event_id, task_id, pattern keys], ...] in counting order; evidence: event_id ->
-    trajectory, for those a signal may carry; closed: done. Counts are taken when the step closes."""
+class StepState(TypedDict):
+    """A step's rare counting. expected: its trajectory_count (None until its completed-step event);
+    seen: event ids counted; rows: [[event_id, task_id, pattern keys], ...] in counting order;
+    evidence: event_id -> trajectory, for those a signal may carry; closed: done. Counts are taken
+    when the step closes. (The worker's table adds p, run_id, step and touched.)"""
+
+    expected: int | None
+    seen: dict[str, int]
+    rows: list[list]
+    evidence: dict[str, Any]
+    closed: bool
+
+
+def new_step_state() -> StepState:
     return {"expected": None, "seen": {}, "rows": [], "evidence": {}, "closed": False}
 
 
-def count_rollout(state: dict, event_id: str, task_id: str, keys: list, evidence) -> bool:
+def count_rollout(state: StepState, event_id: str, task_id: str, keys: list, evidence) -> bool:
     """Count one trajectory's pattern keys (from `pattern_keys`) once, by event id; `evidence` is what a
     signal would carry for it (None: it cannot be among the smallest ids; see `offer_candidate`).
     Return whether it was new."""
@@ -290,15 +351,15 @@ def offer_candidate(best: dict, event_id: str, keys, keep: int) -> bool:
     return wanted
 
 
-def set_trajectory_count(state: dict, count: int) -> None:
+def set_trajectory_count(state: StepState, count: int) -> None:
     state["expected"] = count
 
 
-def step_complete(state: dict) -> bool:
+def step_complete(state: StepState) -> bool:
     return state["expected"] is not None and len(state["seen"]) >= state["expected"]
 
 
-def close_step(state: dict, run_id: str, step: int, th: Thresholds, incomplete: bool,
+def close_step(state: StepState, run_id: str, step: int, th: Thresholds, incomplete: bool,
                limits: EvidenceLimits = EvidenceLimits()) -> list[Signal]:
     """Raise rare for every pattern with 0 < c_p / N < theta / 100, with the tasks that used it and the
     evidence of its `limits.rare_trajectories` smallest event ids; mark the step closed."""
@@ -337,151 +398,3 @@ def signal_order(s: Signal) -> tuple:
     return (s.run_id, s.step, s.kind, s.subject)
 
 
-# ---- the whole log ----
-
-class Replayer:
-    """Feed (record name, event) pairs in log order; `finish()` closes everything left open.
-
-    Trajectory events may also be fed already compacted by `rollout_of` via `add_rollout`.
-    Invalid events are counted per reason in `rejected`, late ones in `late`; neither raises.
-    """
-
-    def __init__(self, thresholds: Thresholds = Thresholds(), limits: EvidenceLimits = EvidenceLimits()):
-        self.th = thresholds
-        self.limits = limits
-        self.tasks: dict[tuple[str, str], dict] = {}
-        self.steps: dict[tuple[str, int], dict] = {}
-        self.open_by_step: dict[tuple[str, int], set] = {}
-        self.pending: dict[str, list[tuple[int, int]]] = {}  # run -> sorted (step, count), not yet applied
-        self.signals: list[Signal] = []
-        self.outcomes = {ACCEPTED: 0, DUPLICATE: 0, LATE: 0, "invalid": 0}
-        self.invalid: list[tuple[str, str]] = []
-
-    def add_step(self, event: dict) -> None:
-        bisect.insort(self.pending.setdefault(event["run_id"], []), (event["step"], event["trajectory_count"]))
-
-    def add_event(self, name: str, event: dict) -> None:
-        if name == "TrajectoryRecorded":
-            try:
-                r = rollout_of(event, self.limits)
-            except (InvalidEvent, KeyError, TypeError) as exc:
-                self.outcomes["invalid"] += 1
-                self.invalid.append((str(event.get("event_id")), str(exc)))
-                return
-            self.add_rollout(r)
-        elif name == "StepCompleted":
-            self.add_step(event)
-
-    def add_rollout(self, r: Rollout, keys: list | None = None) -> str:
-        """Process one rollout; `keys` are its pattern keys if already computed."""
-        run_id, step = r[1], r[2]
-        pending = self.pending.get(run_id)
-        if pending and pending[0][0] < step:
-            self._apply_steps(run_id, step)
-        tkey = (run_id, r[3])
-        state = self.tasks.get(tkey)
-        if state is None:
-            state = self.tasks[tkey] = new_task_state()
-        was_open = str(step) in state["open"]
-        outcome, signals = record_rollout(state, r, self.th)
-        self.outcomes[outcome] += 1
-        if outcome != ACCEPTED:
-            return outcome
-        skey = (run_id, step)
-        if signals:
-            self.signals += signals
-            self.open_by_step.get(skey, set()).discard(r[3])
-        elif not was_open:
-            self.open_by_step.setdefault(skey, set()).add(r[3])
-        sstate = self.steps.get(skey)
-        if sstate is None:
-            sstate = self.steps[skey] = new_step_state()
-        if not sstate["closed"]:
-            if keys is None:
-                keys = pattern_keys(r[7], self.th.pattern_length)
-            count_rollout(sstate, r[0], r[3], keys, r[8])
-            if step_complete(sstate):
-                self.signals += close_step(sstate, run_id, step, self.th, False, self.limits)
-        return outcome
-
-    def _apply_steps(self, run_id: str, below: int) -> None:
-        """Apply the completed-step records of `run_id` with step < `below`, in step order."""
-        pending = self.pending.get(run_id) or []
-        while pending and pending[0][0] < below:
-            step, count = pending.pop(0)
-            self._complete_step(run_id, step, count)
-
-    def _complete_step(self, run_id: str, step: int, count: int | None) -> None:
-        for skey in sorted(k for k in self.open_by_step if k[0] == run_id and k[1] <= step):
-            for task_id in sorted(self.open_by_step.pop(skey)):
-                self.signals += close_groups(self.tasks[(run_id, task_id)], step, self.th)
-        sstate = self.steps.get((run_id, step))
-        if sstate is None:
-            sstate = self.steps[(run_id, step)] = new_step_state()
-        if count is not None and not sstate["closed"]:
-            set_trajectory_count(sstate, count)
-            if step_complete(sstate):
-                self.signals += close_step(sstate, run_id, step, self.th, False, self.limits)
-
-    def finish(self) -> list[Signal]:
-        """Apply the remaining completed-step records, then close every open group and step."""
-        for run_id in sorted(self.pending):
-            self._apply_steps(run_id, 2**63 - 1)
-        for (run_id, task_id), state in sorted(self.tasks.items()):
-            if state["open"]:
-                self.signals += close_groups(state, 2**63 - 1, self.th)
-        self.open_by_step.clear()
-        for (run_id, step), sstate in sorted(self.steps.items()):
-            if not sstate["closed"]:
-                self.signals += close_step(sstate, run_id, step, self.th, not step_complete(sstate), self.limits)
-        return self.signals
-
-
-def replay_signals(events: Iterable[tuple[str, dict]], thresholds: Thresholds = Thresholds(),
-                   limits: EvidenceLimits = EvidenceLimits()) -> list[Signal]:
-    """Every signal of a log, given as (record name, event) pairs, trajectories in log order.
-
-    Completed-step records are taken first, wherever they sit in `events`, as `coevolve replay` does
-    with its files and topics."""
-    replayer = Replayer(thresholds, limits)
-    trajectories = []
-    for name, event in events:
-        if name == "StepCompleted":
-            replayer.add_step(event)
-        elif name == "TrajectoryRecorded":
-            trajectories.append(event)
-    for event in trajectories:
-        replayer.add_event("TrajectoryRecorded", event)
-    return replayer.finish()
-
-
-def summarize(signals: Iterable[Signal]) -> dict[str, int]:
-    counts = {k: 0 for k in KINDS}
-    for s in signals:
-        counts[s.kind] += 1
-    return counts
-
-
-def diff(new: Iterable[dict], old: Iterable[dict]) -> dict:
-    """Compare two signal sets (JSON forms) by kind, run, step and subject, ignoring thresholds."""
-    def index(items: Iterable[dict]) -> dict:
-        return {(s["type"], s["run_id"], s["step"], s["subject"]): s for s in items}
-
-    a, b = index(new), index(old)
-    added = sorted(a.keys() - b.keys())
-    removed = sorted(b.keys() - a.keys())
-    by_kind = {k: {"added": 0, "removed": 0, "kept": 0} for k in KINDS}
-    for key in added:
-        by_kind[key[0]]["added"] += 1
-    for key in removed:
-        by_kind[key[0]]["removed"] += 1
-    for key in a.keys() & b.keys():
-        by_kind[key[0]]["kept"] += 1
-    return {"added": added, "removed": removed, "by_kind": by_kind}
-
-
-def iter_json_lines(lines: Iterable[str]) -> Iterator[dict]:
-    for line in lines:
-        line = line.strip()
-        if line:
-            yield json.loads(line)

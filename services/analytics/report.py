@@ -4,9 +4,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from coevolve.services.archive.analyze import analyze
-from coevolve.services.archive.plots import draw_all, write_html
-from coevolve.services.log import get_logger
+from coevolve.services.analytics.analyze import analyze
+from coevolve.services.analytics.plots import draw_all, write_html
+from coevolve.services.runtime.log import get_logger
 
 log = get_logger("analyze")
 MAX_ROWS = 30  # rows printed per table; --json carries them all
@@ -29,7 +29,8 @@ def _table(view) -> str:
 
 def _replay_if_no_signals(client, database: str) -> list | None:
     """Signals recomputed in SQL (default thresholds) when the archive holds no SignalRaised events."""
-    from coevolve.services.archive.sqlreplay import archive_source, replay_sql
+    from coevolve.streams.replay.engine_sql import replay_sql
+    from coevolve.streams.replay.sql_stages import archive_source
 
     if client.query(f"SELECT count() FROM {database}.signals").result_rows[0][0]:
         return None
@@ -58,7 +59,7 @@ def run_analyze(client, out: Path, database: str = "coevolve", run_ids: list[str
 def archive_and_analyze(bootstrap: str, workdir: Path, idle_s: float = 2.0) -> dict[str, list[Path]]:
     """Archive everything on the broker into chdb:///<workdir>/clickhouse, then write <workdir>/report/."""
     from coevolve.services.archive.archiver import Archiver, ArchiverConfig
-    from coevolve.services.archive.store import connect
+    from coevolve.services.clickhouse.client import connect
 
     cfg = ArchiverConfig(kafka_bootstrap=bootstrap, workdir=workdir, idle_exit_seconds=idle_s, batch_seconds=0.5)
     client = connect(cfg.url, cfg.database)

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from kafka import KafkaConsumer, TopicPartition
 
 from coevolve.schemas import DecodeError, SchemaRegistry, default_registry
-from coevolve.services.broker.producer import EventProducer
-from coevolve.services.broker.settings import FETCH_MAX_WAIT_MS, GROUP_TIMEOUTS_MS
-from coevolve.services.broker.topics import DEADLETTER
-from coevolve.services.log import get_logger
+from coevolve.services.kafka.producer import EventProducer
+from coevolve.services.kafka.settings import FETCH_MAX_WAIT_MS, GROUP_TIMEOUTS_MS
+from coevolve.services.kafka.topics import DEADLETTER
+from coevolve.services.runtime.log import get_logger
 
 log = get_logger("consumer")
 

@@ -7,7 +7,7 @@ keeps its first log position (`log_rank`).
 """
 from __future__ import annotations
 
-from coevolve.services.log import get_logger
+from coevolve.services.runtime.log import get_logger
 
 log = get_logger("archive")
 

@@ -1,26 +1,27 @@
-"""Configuration of the signal stream processors (`coevolve streams worker`)."""
+"""Configuration of the signal stream processors (`coevolve streams worker`); thresholds and evidence
+limits default to streams.rules'."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from coevolve.services.broker.settings import FETCH_MAX_WAIT_MS
-from coevolve.services.config import ConfigError, doc
-from coevolve.streams.signals import EvidenceLimits, Thresholds
+from coevolve.services.kafka.settings import FETCH_MAX_WAIT_MS
+from coevolve.services.runtime.config import ConfigError, doc
+from coevolve.streams.rules import EvidenceLimits, Thresholds
 
 
 @dataclass(frozen=True)
 class StreamsConfig:
     kafka_bootstrap: str = doc("127.0.0.1:9092", "Kafka bootstrap address HOST:PORT.")
     app_id: str = doc("coevolve-signals", "Faust app id: consumer group and prefix of internal topics and tables.")
-    success_threshold: float = doc(0.5, "tau: a score succeeds at >= tau.")
-    window: int = doc(5, "W: previous attempts forgetting looks back on.")
-    rare_threshold: float = doc(5.0, "theta, percent: a pattern is rare when 0 < c_p/N < theta/100.")
-    pattern_length: int = doc(1, "n: consecutive action names per pattern.")
+    success_threshold: float = doc(Thresholds.success_threshold, "tau: a score succeeds at >= tau.")
+    window: int = doc(Thresholds.window, "W: previous attempts forgetting looks back on.")
+    rare_threshold: float = doc(Thresholds.rare_threshold, "theta, percent: a pattern is rare when 0 < c_p/N < theta/100.")
+    pattern_length: int = doc(Thresholds.pattern_length, "n: consecutive action names per pattern.")
     grace_s: float = doc(120.0, "A step not complete this long after its last event closes, flagged incomplete.")
-    observation_chars: int = doc(200, "Evidence: characters kept of each observation.")
-    max_actions: int = doc(64, "Evidence: actions kept per trajectory.")
-    rare_trajectories: int = doc(3, "Evidence: trajectories kept per rare pattern (smallest event ids).")
+    observation_chars: int = doc(EvidenceLimits.observation_chars, "Evidence: characters kept of each observation.")
+    max_actions: int = doc(EvidenceLimits.max_actions, "Evidence: actions kept per trajectory.")
+    rare_trajectories: int = doc(EvidenceLimits.rare_trajectories, "Evidence: trajectories kept per rare pattern (smallest event ids).")
     batch_size: int = doc(2000, "Events an agent takes per batch; tables are written once per batch.")
     batch_within_s: float = doc(0.1, "Longest wait to fill a batch, seconds.")
     tick_s: float = doc(1.0, "How often the grace period and idle markers are checked, seconds.")

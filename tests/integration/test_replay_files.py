@@ -1,16 +1,22 @@
-"""`coevolve replay` over Avro files: the same signals with every decoder, JSON lines, diffs."""
+"""`coevolve replay` over Avro files: the same signals with every decoder (chDB, fastavro in one or two
+processes), JSON lines, diffs."""
 from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from coevolve.schemas.container import LogWriter, read_log
 from coevolve.services.cli import app
 from coevolve.services.simulate import SimulationConfig, write_file
-from coevolve.streams import replay
-from coevolve.streams.signals import Thresholds, replay_signals
+from coevolve.streams.replay import engine_python as replay
+from coevolve.streams.replay import sources
+from coevolve.streams.replay.engine_python import replay_signals
+from coevolve.streams.rules import Thresholds
 
+
+pytestmark = pytest.mark.integration
 
 def _log(tmp_path, steps=6):
     write_file(SimulationConfig(steps=steps, seed=3), tmp_path / "run.avro")
@@ -19,11 +25,11 @@ def _log(tmp_path, steps=6):
 
 def test_files_match_pure_replay_with_chdb_or_one_or_two_fastavro_decoders(tmp_path, monkeypatch):
     path = _log(tmp_path)
-    files = replay.expand_inputs([path])
+    files = sources.expand_inputs([path])
     assert [f.name for f in files] == ["run.avro", "run.StepCompleted.avro"]
     expected = {s.id: s.to_json() for s in replay_signals(read_log(files))}
     assert expected
-    monkeypatch.setattr(replay, "CHUNK_BYTES", 50_000)  # several chunks, so two workers share them
+    monkeypatch.setattr(sources, "CHUNK_BYTES", 50_000)  # several chunks, so two workers share them
     for decoder, workers in (("chdb", 1), ("fastavro", 1), ("fastavro", 2)):
         result = replay.replay_files([path], workers=workers, decoder=decoder)
         assert {s.id: s.to_json() for s in result.signals} == expected, decoder

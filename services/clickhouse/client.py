@@ -12,7 +12,7 @@ from pathlib import Path
 import clickhouse_connect
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
-from coevolve.services.archive.migrations import migrate
+from coevolve.services.clickhouse.migrations import migrate
 
 
 class ArchiveError(ValueError):

@@ -17,7 +17,7 @@ from pathlib import Path
 from kafka import KafkaAdminClient
 from kafka.errors import KafkaError
 
-from coevolve.services.log import get_logger
+from coevolve.services.runtime.log import get_logger
 
 log = get_logger("broker")
 

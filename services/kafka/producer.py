@@ -13,8 +13,8 @@ from kafka import KafkaProducer
 from kafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 
 from coevolve.schemas import SchemaRegistry, default_registry
-from coevolve.services.broker.topics import CATALOG
-from coevolve.services.log import get_logger
+from coevolve.services.kafka.topics import CATALOG
+from coevolve.services.runtime.log import get_logger
 
 log = get_logger("producer")
 

@@ -14,7 +14,7 @@ from typing import TypeVar
 
 from kafka import KafkaConsumer, TopicPartition
 
-from coevolve.services.log import get_logger
+from coevolve.services.runtime.log import get_logger
 
 log = get_logger("broker")
 TP = TypeVar("TP", bound=tuple)

@@ -7,7 +7,7 @@ from kafka import KafkaAdminClient
 from kafka.admin import NewTopic
 from kafka.errors import TopicAlreadyExistsError
 
-from coevolve.services.log import get_logger
+from coevolve.services.runtime.log import get_logger
 
 log = get_logger("topics")
 

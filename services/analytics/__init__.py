@@ -1,0 +1,1 @@
+"""Training-dynamics analyses of the archive: tables, plots and the HTML report (`coevolve analyze`)."""

@@ -1,0 +1,1 @@
+"""ClickHouse plumbing: open an archive (embedded chDB or a server), its table migrations, SQL helpers."""

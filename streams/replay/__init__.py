@@ -1,0 +1,1 @@
+"""`coevolve replay`: sources, two engines (Python, SQL) and reports, configured by ReplayConfig."""

@@ -1,0 +1,1 @@
+"""The Faust signal worker: agents that read a table, call streams.rules, write back and emit."""

@@ -1,0 +1,63 @@
+"""Faust's quirks on this broker, worked around in one place. Written for faust-streaming 0.15.3
+(aiokafka underneath) on Tansu 0.6.0; check each one after a version bump.
+
+- `exact_highwaters`: Tansu answers ListOffsets(latest) with the last *batch*'s base offset + 1; table
+  recovery reads each changelog up to that end, so a restarted worker lost the tail of its tables.
+- `PRODUCER_BATCH_BYTES`: one record per batch would make those ends exact, but aiokafka then sends one
+  record per partition per round trip, which stalled sends.
+- `shorten_fetch_wait`: Faust creates its aiokafka consumer with fetch_max_wait_ms=1500 and no setting
+  to change it; Tansu holds an empty fetch for that long even when data arrives.
+- `write_under`: Faust picks a table write's changelog partition from the current event, and a batch
+  of `take_events` mixes partitions.
+- `send_confirmed`: sends through the app's producer and waits for every acknowledgement.
+"""
+from __future__ import annotations
+
+import asyncio
+import weakref
+
+import faust
+from faust.streams import _current_event  # the event whose partition a table write goes to
+
+from coevolve.services.kafka.offsets import true_end_offsets
+
+PRODUCER_BATCH_BYTES = 256 * 1024
+
+
+def exact_highwaters(app: faust.App, bootstrap: str) -> None:
+    """Make the app's consumer report probed true end offsets (`kafka.offsets.true_end_offsets`)."""
+    consumer = app.consumer
+    reported_highwaters = consumer.highwaters
+
+    async def highwaters(*tps):
+        return await asyncio.to_thread(true_end_offsets, bootstrap, await reported_highwaters(*tps))
+
+    consumer.highwaters = highwaters
+
+
+def shorten_fetch_wait(app: faust.App, ms: int) -> None:
+    """Set the running aiokafka fetcher's fetch_max_wait_ms (the consumer exists only once started)."""
+    consumer = getattr(getattr(app.consumer, "_thread", None), "_consumer", None)
+    fetcher = getattr(consumer, "_fetcher", None)
+    if fetcher is not None and getattr(fetcher, "_fetch_max_wait_ms", ms) != ms:
+        fetcher._fetch_max_wait_ms = ms
+
+
+def write_under(table, writes: dict) -> None:
+    """Write each key once, as if under its (event, value) pair's event, so its changelog record goes
+    to that event's partition."""
+    for key, (ev, value) in writes.items():
+        token = _current_event.set(weakref.ref(ev))
+        try:
+            table[key] = value
+        finally:
+            _current_event.reset(token)
+
+
+async def send_confirmed(app: faust.App, sends: list) -> None:
+    """Send (topic, key, value, partition) tuples, then wait until the broker has confirmed every one."""
+    producer = app.producer
+    futures = [await producer.send(topic.get_topic_name(), key, value, part, None, None)
+               for topic, key, value, part in sends]
+    if futures:
+        await asyncio.gather(*futures)
