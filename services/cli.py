@@ -222,7 +222,8 @@ def replay(
     bootstrap: Optional[str] = typer.Option(None, "--bootstrap", help="Without --input, read the topics "
                                             "from offset zero; also the broker for --publish/--compare."),
     window: Optional[int] = typer.Option(None, help="W: previous attempts forgetting looks back on (5)."),
-    success_threshold: Optional[float] = typer.Option(None, help="tau: an attempt or rollout succeeds at >= tau (0.5)."),
+    success_threshold: Optional[float] = typer.Option(None, help="tau: an attempt or rollout succeeds at >= tau "
+                                                      "(0.5)."),
     rare_threshold: Optional[float] = typer.Option(None, help="theta, percent: rare when 0 < c_p/N < theta/100 (5)."),
     pattern_length: Optional[int] = typer.Option(None, help="n: consecutive action names per pattern (1)."),
     output: Optional[Path] = typer.Option(None, help="Write the signals here as JSON lines."),

@@ -46,6 +46,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import chain
+from operator import attrgetter
 from typing import Any, NamedTuple, TypedDict
 
 KINDS = ("forgetting", "boundary", "rare")
@@ -161,27 +162,39 @@ class Rollout(NamedTuple):
     evidence: Any
 
 
+_new_rollout = tuple.__new__  # Rollout(...) without NamedTuple's Python-level __new__: the hot path
+by_member_order = attrgetter("rollout_index", "event_id")  # how a group's rollouts are ordered
+
+
 def rollout_of(event: dict, limits: EvidenceLimits = EvidenceLimits()) -> Rollout:
     """Validate a TrajectoryRecorded event and keep what the signals need; raise InvalidEvent."""
     acts = event["actions"]
+    score = _checked(event["score"], event["group_size"])
     oc, ac = limits.observation_chars, limits.arguments_chars
-    r = make_rollout(event["event_id"], event["run_id"], event["step"], event["task_id"], event["rollout_index"],
-                     event["group_size"], event["score"], [a["name"] for a in acts], None)
-    evidence = {"event_id": r.event_id, "task_id": r.task_id, "rollout_index": r.rollout_index, "score": r.score,
-                "actions": [{"name": a["name"], "arguments": a["arguments"][:ac],
-                             "observation": a["observation"][:oc]} for a in acts[:limits.max_actions]]}
-    return r._replace(evidence=evidence)
+    evidence = {"event_id": event["event_id"], "task_id": event["task_id"], "rollout_index": event["rollout_index"],
+                "score": score, "actions": [{"name": a["name"], "arguments": a["arguments"][:ac],
+                                             "observation": a["observation"][:oc]} for a in acts[:limits.max_actions]]}
+    return _new_rollout(Rollout, (event["event_id"], event["run_id"], event["step"], event["task_id"],
+                                  event["rollout_index"], event["group_size"], score,
+                                  tuple([a["name"] for a in acts]), evidence))
 
 
 def make_rollout(event_id: str, run_id: str, step: int, task_id: str, rollout_index: int, group_size: int,
                  score, names, evidence) -> Rollout:
     """A validated rollout from its fields; raise InvalidEvent. `evidence` is what signals will carry
     for it (a decoder that fetches evidence later may pass a stand-in, such as the event id)."""
+    score = _checked(score, group_size)
+    return _new_rollout(Rollout, (event_id, run_id, step, task_id, rollout_index, group_size, score, tuple(names),
+                                  evidence))
+
+
+def _checked(score, group_size: int) -> float:
+    """The score as a float, if the rollout is valid; raise InvalidEvent."""
     if not isinstance(score, (int, float)) or not math.isfinite(score):
         raise InvalidEvent(f"score is not a finite number: {score!r}")
     if group_size < 1:
         raise InvalidEvent(f"group_size must be at least 1 (got {group_size})")
-    return Rollout(event_id, run_id, step, task_id, rollout_index, group_size, float(score), tuple(names), evidence)
+    return float(score)
 
 
 def pattern_keys(names, n: int) -> list[str]:
@@ -254,7 +267,9 @@ def close_groups(state: TaskState, step: int, th: Thresholds) -> list[Signal]:
 
 def _close(state: TaskState, key: str, th: Thresholds) -> list[Signal]:
     _size, members = state["open"].pop(key)
-    rollouts = sorted(map(Rollout._make, members), key=lambda r: (r.rollout_index, r.event_id))
+    if type(members[0]) is not Rollout:  # read back from a table (JSON): lists, older than any Rollout
+        members = [Rollout._make(m) for m in members]
+    rollouts = sorted(members, key=by_member_order)
     r0 = rollouts[0]
     run_id, step, task_id = r0.run_id, r0.step, r0.task_id
     scores = [r.score for r in rollouts]

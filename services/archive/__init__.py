@@ -1,1 +1,2 @@
-"""The archive service: `coevolve archiver` (every topic into ClickHouse) and `coevolve archive import` (Avro log files)."""
+"""The archive service: `coevolve archiver` (every topic into ClickHouse) and `coevolve archive import`
+(Avro log files)."""

@@ -135,7 +135,8 @@ class Archiver(Service):
         if batch.events and (batch.events >= cfg.batch_size or self.last_beat - batch.started >= cfg.batch_seconds):
             self._flush()
         self.m_dead.set(self.consumer.dead_lettered)
-        if cfg.idle_exit_seconds and not self.batch.events and self.last_beat - self.last_event >= cfg.idle_exit_seconds:
+        idle = self.last_beat - self.last_event
+        if cfg.idle_exit_seconds and not self.batch.events and idle >= cfg.idle_exit_seconds:
             self.stop()
 
     def loop(self) -> None:

@@ -15,23 +15,24 @@ from coevolve.streams.replay.report import ReplayResult
 from coevolve.streams.replay.sources import (chdb_rollouts, evidence_of, fastavro_rollouts, file_steps, read_topics,
                                              split_inputs)
 from coevolve.streams.rules import (ACCEPTED, DUPLICATE, LATE, EvidenceLimits, InvalidEvent, Rollout, Signal,
-                                    Thresholds, close_groups, close_step, count_rollout, new_step_state,
-                                    new_task_state, pattern_keys, record_rollout, rollout_of, set_trajectory_count,
-                                    step_complete, takes_effect)
+                                    StepState, TaskState, Thresholds, close_groups, close_step, count_rollout,
+                                    new_step_state, new_task_state, pattern_keys, record_rollout, rollout_of,
+                                    set_trajectory_count, step_complete, takes_effect)
 
 
 class Replayer:
     """Feed (record name, event) pairs in log order; `finish()` closes everything left open.
 
-    Trajectory events may also be fed already compacted by `rollout_of` via `add_rollout`.
-    Invalid events are counted per reason in `rejected`, late ones in `late`; neither raises.
+    Trajectory events may also be fed already compacted by `rollout_of` via `add_rollout`. Nothing
+    raises: `outcomes` counts accepted, duplicate, late and invalid rollouts, `invalid` lists the
+    invalid ones with the reason.
     """
 
     def __init__(self, thresholds: Thresholds = Thresholds(), limits: EvidenceLimits = EvidenceLimits()):
         self.th = thresholds
         self.limits = limits
-        self.tasks: dict[tuple[str, str], dict] = {}
-        self.steps: dict[tuple[str, int], dict] = {}
+        self.tasks: dict[tuple[str, str], TaskState] = {}
+        self.steps: dict[tuple[str, int], StepState] = {}
         self.open_by_step: dict[tuple[str, int], set] = {}
         self.pending: dict[str, list[tuple[int, int]]] = {}  # run -> sorted (step, count), not yet applied
         self.signals: list[Signal] = []
