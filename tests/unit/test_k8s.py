@@ -48,7 +48,8 @@ def test_kafka_topics_are_the_catalog_and_the_workers_own_topics(target):
     for name, (partitions, compacted) in internal.items():
         assert topics[name]["partitions"] == partitions
         assert (topics[name].get("config", {}).get("cleanup.policy") == "compact") == compacted
-    brokers = sum(p["spec"]["replicas"] for p in docs if p["kind"] == "KafkaNodePool" and "broker" in p["spec"]["roles"])
+    brokers = sum(p["spec"]["replicas"] for p in docs
+                  if p["kind"] == "KafkaNodePool" and "broker" in p["spec"]["roles"])
     assert {spec["replicas"] for spec in topics.values()} == {brokers}
     kafka_config = next(d for d in docs if d["kind"] == "Kafka")["spec"]["kafka"]["config"]
     assert kafka_config["min.insync.replicas"] <= brokers
@@ -67,8 +68,8 @@ def test_every_config_map_key_is_read_and_valid(target):
     docs = render(target)
     data = config(docs)
     streams, archiver = load(StreamsConfig, "streams", environ=data), load(ArchiverConfig, "archiver", environ=data)
-    fields = {f"{service}_{name}".upper(): getattr(cfg, name) for service, cfg in (("streams", streams), ("archiver", archiver))
-              for name in cfg.__dataclass_fields__}
+    fields = {f"{service}_{name}".upper(): getattr(cfg, name)
+              for service, cfg in (("streams", streams), ("archiver", archiver)) for name in cfg.__dataclass_fields__}
     referenced = {ref for _, c in containers(docs) for ref in re.findall(r"\$\((\w+)\)", " ".join(c.get("args", [])))}
     referenced |= {v["valueFrom"]["configMapKeyRef"]["key"] for _, c in containers(docs) for v in c.get("env", [])
                    if "configMapKeyRef" in v.get("valueFrom", {})}
@@ -170,7 +171,8 @@ def test_the_vllm_server_serves_the_configured_model_from_its_volume_offline(tar
     volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
     assert mount["readOnly"] and volume["persistentVolumeClaim"]["claimName"] == "models"
     assert env["HF_HUB_OFFLINE"] == "1"
-    assert {"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {"name": "coevolve-llm", "key": "api-key"}}} in c["env"]
+    key = {"secretKeyRef": {"name": "coevolve-llm", "key": "api-key"}}
+    assert {"name": "VLLM_API_KEY", "valueFrom": key} in c["env"]
     gpu = c["resources"]["limits"].get("nvidia.com/gpu")
     assert (c["image"].startswith("coevolve-gpu:"), gpu) == ((True, "1") if "production" in target else (False, None))
     assert ("VLLM_CPU_KVCACHE_SPACE" in env) == (gpu is None)
