@@ -262,3 +262,13 @@ def test_production_scales_signal_workers_up_to_the_trajectory_partitions():
 
 def test_every_job_template_renders_on_its_own():
     assert JOBS and all(any(d["kind"] == "Job" for d in render(job)) for job in JOBS)
+
+
+@pytest.mark.parametrize("target", OVERLAYS)
+def test_only_llm_clients_reach_the_vllm_server(target):
+    docs = render(target)
+    labels = find(docs, "Deployment", "vllm-server")["spec"]["template"]["metadata"]["labels"]
+    sources = [rule.get("from") for d in docs if d["kind"] == "NetworkPolicy"
+               if all(labels.get(k) == v for k, v in d["spec"]["podSelector"].get("matchLabels", {}).items())
+               for rule in d["spec"].get("ingress", [])]
+    assert sources == [[{"podSelector": {"matchLabels": {"coevolve.io/llm-client": "true"}}}]]
