@@ -25,3 +25,20 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .coevolve
+
+# The validators of the Kubernetes manifests (tests/unit/test_k8s_validate.py) in their own venv:
+# checkov pins dependencies that clash with the project's.
+TOOLS := .venv-tools
+TOOLS_STAMP := $(TOOLS)/.installed
+
+$(TOOLS_STAMP): Makefile
+	test -x $(TOOLS)/bin/python || $(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/pip install --quiet 'checkov==3.3.30' 'kubernetes-validate==1.37.0' 'jsonschema>=4.23,<5'
+	touch $(TOOLS_STAMP)
+
+test: $(TOOLS_STAMP)
+
+.PHONY: clean-tools
+clean: clean-tools
+clean-tools:
+	rm -rf $(TOOLS)

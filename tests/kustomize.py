@@ -1,0 +1,70 @@
+"""Render the kustomize tree and read what its pods would run, as the kubelet would expand it."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+KUBECTL = shutil.which("kubectl")
+OVERLAYS = ["k8s/overlays/local", "k8s/overlays/production"]
+JOBS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "k8s/jobs").iterdir() if p.is_dir())
+TARGETS = OVERLAYS + JOBS
+TOOLS = ROOT / ".venv-tools/bin"
+# What a Secret key stands for when the tests expand arguments: the shape docs/deploy.md creates.
+SECRET_STANDINS = {("coevolve-clickhouse", "url"): "http://coevolve:password@clickhouse:8123",
+                   ("coevolve-clickhouse", "password"): "password", ("coevolve-llm", "api-key"): "key"}
+
+
+def render_text(target: str) -> str:
+    """`kubectl kustomize` of a target; empty when kubectl is missing (the tests then skip)."""
+    if KUBECTL is None:
+        return ""
+    return subprocess.run([KUBECTL, "kustomize", str(ROOT / target)], check=True, capture_output=True,
+                          text=True).stdout
+
+
+def render(target: str) -> list[dict]:
+    return [doc for doc in yaml.safe_load_all(render_text(target)) if doc]
+
+
+def pods(docs: list[dict]):
+    """(workload, pod spec) of every Deployment, StatefulSet and Job."""
+    for doc in docs:
+        if doc["kind"] in ("Deployment", "StatefulSet", "Job"):
+            yield doc, doc["spec"]["template"]["spec"]
+
+
+def containers(docs: list[dict]):
+    for doc, spec in pods(docs):
+        for c in spec["containers"]:
+            yield doc, c
+
+
+def find(docs: list[dict], kind: str, name: str) -> dict:
+    return next(d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name)
+
+
+def container_env(container: dict, docs: list[dict]) -> dict[str, str]:
+    """The container's environment: envFrom ConfigMaps of the render, then env (Secrets as stand-ins)."""
+    env: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        env.update(find(docs, "ConfigMap", source["configMapRef"]["name"])["data"])
+    for var in container.get("env", []):
+        ref = var.get("valueFrom", {})
+        if "secretKeyRef" in ref:
+            env[var["name"]] = SECRET_STANDINS[(ref["secretKeyRef"]["name"], ref["secretKeyRef"]["key"])]
+        elif "configMapKeyRef" in ref:
+            key = ref["configMapKeyRef"]
+            env[var["name"]] = find(docs, "ConfigMap", key["name"])["data"][key["key"]]
+        else:
+            env[var["name"]] = var["value"]
+    return env
+
+
+def expand(args: list[str], env: dict[str, str]) -> list[str]:
+    """Kubernetes' `$(VAR)` expansion of command arguments; an unknown variable fails the test."""
+    return [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in args]
