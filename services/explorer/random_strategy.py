@@ -23,6 +23,17 @@ _LONGEST_VALUE = 120
 _OPTIONAL_SHARE = 0.5
 
 
+def is_error_observation(observation: str) -> bool:
+    """Whether a call's observation reports a failure (the BFCL environment's error forms)."""
+    if observation.startswith(("Invalid action", "Error during execution")):
+        return True
+    try:
+        value = json.loads(observation)
+    except ValueError:
+        return False
+    return isinstance(value, dict) and "error" in value
+
+
 @dataclass(frozen=True)
 class ExploredCall:
     """One call an exploration made and what the environment returned."""
@@ -76,6 +87,9 @@ class ValuePool:
             self.strings[value] = None
 
     def add_observation(self, text: str) -> None:
+        """Add what a call revealed; an error reveals nothing worth drawing from."""
+        if is_error_observation(text):
+            return
         try:
             self.add(json.loads(text))
         except ValueError:
