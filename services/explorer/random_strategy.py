@@ -13,7 +13,7 @@ import dataclasses
 import json
 import random
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from coevolve.services.envs import bfcl_data
 from coevolve.services.envs.base import Task
@@ -58,6 +58,21 @@ class ExplorationRun:
 
     def tuples(self) -> list[dict[str, str]]:
         return [call.to_tuple(self.task_id) for call in self.calls]
+
+    @classmethod
+    def from_actions(cls, task_id: str, round_: int, actions: Iterable[Mapping[str, Any]]) -> "ExplorationRun":
+        """A run from an episode's actions in `TrajectoryRecorded` form (name, JSON arguments, observation),
+        as a signal-guided exploration's episode records them; unreadable arguments are kept as text."""
+        calls = []
+        for action in actions:
+            try:
+                arguments = json.loads(action["arguments"]) if action["arguments"] else {}
+            except ValueError:
+                arguments = {"_unparsed": action["arguments"]}
+            if not isinstance(arguments, dict):
+                arguments = {"_unparsed": action["arguments"]}
+            calls.append(ExploredCall(action["name"], arguments, action["observation"]))
+        return cls(task_id, round_, tuple(calls))
 
 
 class ValuePool:

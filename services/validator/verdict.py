@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from coevolve.services.envs.base import Task
+from coevolve.services.validator.abstraction import render_tuple
 from coevolve.services.validator.config import ValidatorConfig
 from coevolve.services.validator.novelty import NoveltyIndex
 from coevolve.services.validator.stages import (StageOutcome, check_dual_pass, check_executable,
@@ -47,6 +48,17 @@ class Verdict:
         if self.stages[-1].stage == "well_formed":
             return NO_VALIDATION
         return f"passed {', '.join(s.stage for s in self.stages)}; {self.stages[-1].reason}"
+
+
+def attempt_calls(actions: Sequence[dict[str, Any]], turns: int) -> list[list[str]]:
+    """Per user turn, an episode's calls in BFCL call syntax, from `TrajectoryRecorded`-shaped actions
+    (name, JSON arguments, turn): what `check_dual_pass` scores."""
+    calls: list[list[str]] = [[] for _ in range(turns)]
+    for action in actions:
+        turn = int(action.get("turn", 0))
+        if 0 <= turn < turns:
+            calls[turn].append(render_tuple(action))
+    return calls
 
 
 def validate(task: Task, index: NoveltyIndex, attempt: Attempt, config: ValidatorConfig) -> Verdict:

@@ -6,7 +6,8 @@ from coevolve.services.envs import bfcl_data
 from coevolve.services.envs.bfcl import Workspace, public_methods
 from coevolve.services.envs.calls import Call
 from coevolve.services.explorer.planning import Cluster, SignalRef, exploration_id, random_source_id
-from coevolve.services.explorer.random_strategy import ValuePool, explore_randomly, is_error_observation, random_run
+from coevolve.services.explorer.random_strategy import (ExplorationRun, ValuePool, explore_randomly,
+                                                        is_error_observation)
 from coevolve.services.explorer.records import exploration_record
 
 TASK = bfcl_data.get_task("multi_turn_base_0")
@@ -67,3 +68,13 @@ def test_runs_become_exploration_events_that_encode_with_deterministic_ids():
     for record in (unguided, guided):
         name, decoded = registry.decode(registry.encode("ExplorationRecorded", record))
         assert name == "ExplorationRecorded" and decoded["tuples"] == record["tuples"]
+
+
+def test_an_episodes_actions_become_a_run_with_the_same_tuples():
+    actions = [{"name": "cd", "arguments": '{"folder": "document"}', "observation": "ok", "turn": 0},
+               {"name": "ls", "arguments": "", "observation": "[]", "turn": 0},
+               {"name": "bad", "arguments": "not json", "observation": "Invalid action", "turn": 0}]
+    run = ExplorationRun.from_actions(TASK.task_id, 2, actions)
+    assert run.round == 2 and [c.arguments for c in run.calls] == [{"folder": "document"}, {},
+                                                                    {"_unparsed": "not json"}]
+    assert [(t["name"], t["observation"]) for t in run.tuples()] == [(a["name"], a["observation"]) for a in actions]

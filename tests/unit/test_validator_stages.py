@@ -9,7 +9,7 @@ from coevolve.services.envs.bfcl import score_calls
 from coevolve.services.validator.config import ValidatorConfig
 from coevolve.services.validator.novelty import NoveltyIndex
 from coevolve.services.validator.stages import check_executable, check_well_formed
-from coevolve.services.validator.verdict import NO_VALIDATION, validate, verdict_record
+from coevolve.services.validator.verdict import NO_VALIDATION, attempt_calls, validate, verdict_record
 
 SEED = bfcl_data.get_task("multi_turn_base_0")
 FS_STATE = {"GorillaFileSystem": SEED.initial_state["GorillaFileSystem"]}
@@ -140,3 +140,14 @@ def test_verdicts_become_task_checked_events_and_validated_tasks_replay_like_see
 def test_invalid_validator_config_says_how_to_fix_it(overrides, message):
     with pytest.raises(ConfigError, match=message):
         ValidatorConfig(**overrides)
+
+
+def test_an_episodes_actions_become_the_attempt_the_dual_pass_scores(seeds):
+    actions = [{"name": "cd", "arguments": '{"folder": "document"}', "observation": "", "turn": 0},
+               {"name": "mkdir", "arguments": '{"dir_name": "drafts"}', "observation": "", "turn": 0},
+               {"name": "ls", "arguments": "{}", "observation": "", "turn": 1}]
+    calls = attempt_calls(actions, len(VALID.turns))
+    assert calls == [["cd(folder='document')", "mkdir(dir_name='drafts')"], ["ls()"]]
+    verdict = validate(VALID, NoveltyIndex(seeds), lambda task: attempt_calls(actions, len(task.turns)),
+                       ValidatorConfig())
+    assert verdict.validated and verdict.score == 0.5
