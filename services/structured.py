@@ -32,6 +32,11 @@ class Parsed:
         return self.value is not None
 
 
+def clip(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters, marked with "..." when cut (prompts stay bounded)."""
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def _snippet(text: str, limit: int = 80) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[:limit] + "..."

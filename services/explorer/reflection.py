@@ -13,7 +13,7 @@ from typing import Any, Iterable, Mapping
 from coevolve.services.envs import bfcl_data
 from coevolve.services.envs.base import Task
 from coevolve.services.explorer.planning import Cluster
-from coevolve.services.structured import Parsed, parse_structured
+from coevolve.services.structured import Parsed, clip, parse_structured
 
 CONTEXT_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -42,6 +42,7 @@ _KIND_MEANING = {
     "boundary": "the agent's rollouts of this task at one step both succeeded and failed (unstable decisions)",
     "rare": "an action pattern the agent almost never uses (an exploration blind spot)",
 }
+_STATE_CHARS = 2000
 _OBSERVATION_CHARS = 300
 _MAX_ACTIONS = 30
 
@@ -54,9 +55,7 @@ SYSTEM_PROMPT = (
 
 
 def _render_action(action: Mapping[str, Any]) -> str:
-    observation = str(action.get("observation", ""))
-    if len(observation) > _OBSERVATION_CHARS:
-        observation = observation[:_OBSERVATION_CHARS] + "..."
+    observation = clip(str(action.get("observation", "")), _OBSERVATION_CHARS)
     return f"{action.get('name')}({action.get('arguments', '')}) -> {observation}"
 
 
@@ -87,7 +86,7 @@ def _task_lines(task: Task) -> list[str]:
     lines = [f"Task {task.task_id}. Tool classes: {', '.join(task.involved_classes)}.",
              f"Tools: {', '.join(tools)}.", "User turns:"]
     lines.extend(f"  {i + 1}. {turn}" for i, turn in enumerate(task.turns))
-    lines.append("Initial state: " + json.dumps(task.initial_state, sort_keys=True)[:2000])
+    lines.append("Initial state: " + clip(json.dumps(task.initial_state, sort_keys=True), _STATE_CHARS))
     return lines
 
 

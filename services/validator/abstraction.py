@@ -21,8 +21,9 @@ from coevolve.services.envs import bfcl_data
 from coevolve.services.envs.base import Task
 from coevolve.services.envs.calls import Call
 from coevolve.services.explorer.random_strategy import is_error_observation
-from coevolve.services.structured import Parsed, parse_structured
+from coevolve.services.structured import Parsed, clip, parse_structured
 
+_STATE_CHARS = 2000
 _OBSERVATION_CHARS = 200
 _MAX_CALLS_SHOWN = 60
 
@@ -76,10 +77,10 @@ def abstraction_messages(explorations: Sequence[Mapping[str, Any]], seed: Task,
     calls = successful_calls(explorations)[:_MAX_CALLS_SHOWN]
     lines = [f"Seed task {seed.task_id}. Tool classes: {', '.join(seed.involved_classes)}.", "Its user turns:"]
     lines.extend(f"  {i + 1}. {turn}" for i, turn in enumerate(seed.turns))
-    lines.append("Its initial state: " + json.dumps(seed.initial_state, sort_keys=True)[:2000])
+    lines.append("Its initial state: " + clip(json.dumps(seed.initial_state, sort_keys=True), _STATE_CHARS))
     lines.extend(f"Exploration context: {c}" for c in contexts)
     lines.append("Explored calls that succeeded, from the initial state:")
-    lines.extend(f"  {call} -> {obs[:_OBSERVATION_CHARS]}" for call, obs in calls)
+    lines.extend(f"  {call} -> {clip(obs, _OBSERVATION_CHARS)}" for call, obs in calls)
     system = ("You write new training tasks for a tool-using agent from what exploration found. Write a "
               "task a user would ask, different from the seed task, that the explored calls solve. Each "
               "turn's reference is a list of calls in BFCL call syntax, taken from the explored calls "
