@@ -149,7 +149,7 @@ def evidence_of(client, event_ids, source: tuple[str, object], limits: EvidenceL
 
 
 def _evidence(client, ids_table: str, source: tuple[str, object], limits: EvidenceLimits) -> dict[str, dict]:
-    """Each trajectory in `ids_table`, shaped and truncated as streams.signals.rollout_of does."""
+    """Each trajectory in `ids_table`, shaped and truncated as streams.rules.rollout_of does."""
     kind, where = source
     oc, ac, na = limits.observation_chars, limits.arguments_chars, limits.max_actions
     wanted = f"event_id IN (SELECT event_id FROM {ids_table})"

@@ -100,3 +100,21 @@ def test_records_that_do_not_fit_their_schema_are_refused():
         registry.encode("TrajectoryRecorded", bad)
     with pytest.raises(EncodeError, match="no schema named"):
         registry.encode("TrajectoryLost", {})
+
+
+@pytest.mark.parametrize("name,added", [
+    ("ExplorationRecorded", {"strategy": "signal-guided", "signal_ids": []}),
+    ("TaskChecked", {"stage": None, "stages": [], "seed_task_id": None}),
+])
+def test_events_written_under_a_released_schema_in_history_read_with_the_new_fields_defaulted(name, added):
+    registry = default_registry()
+    old = json.loads((SCHEMA_DIR / "history" / f"{name}.v1.avsc").read_text())
+    old_fp = schema_fingerprint(old)
+    assert old_fp in registry.writers and old_fp != registry.fingerprint(name)
+    event = sample_events()[name]
+    for field in added:
+        del event[field]
+    _, decoded = registry.decode(registry.encode(name, event, writer=old_fp))
+    for field, default in added.items():
+        assert decoded[field] == default
+    assert decoded["task_id"] == event["task_id"]

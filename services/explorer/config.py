@@ -1,0 +1,56 @@
+"""The explorer's settings that its core logic reads (budget, schedule, strategy, runs).
+
+Layered like every service's config (`services/config.py`): defaults, then `EXPLORER_FIELD`, then
+`FIELD` environment variables, then flags. Broker, model and metrics settings join when the service
+skeleton lands.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from coevolve.services.runtime.config import ConfigError, doc
+
+STRATEGIES = ("signal-guided", "random")
+KINDS = ("forgetting", "boundary", "rare")
+
+
+@dataclass(frozen=True)
+class ExplorerConfig:
+    """What the explorer explores, how much, and how."""
+
+    strategy: str = doc("signal-guided", "signal-guided (reflect on each signal, then explore) or random "
+                                         "(random valid tool calls, no signal read): the paper's ablation.")
+    signal_kinds: str = doc("forgetting,boundary,rare", "Signal kinds explored, comma-separated; any subset "
+                                                        "runs the paper's per-signal ablations.")
+    signals_per_step: int = doc(4, "Signal clusters explored at each exploration point; the rest are "
+                                   "counted as skipped.")
+    every_steps: int = doc(1, "Explore once every N training steps, over the signals gathered since "
+                              "(the paper synthesizes every 10 steps).")
+    step_window_s: float = doc(300.0, "Close a gathering period this many seconds after its first signal "
+                                      "when its StepCompleted has not arrived.")
+    cluster_by_task: bool = doc(True, "Explore a task's forgetting and boundary signals of one period "
+                                      "together, as one cluster.")
+    runs: int = doc(3, "R: independent exploration runs (rounds) per cluster.")
+    calls_per_run: int = doc(8, "S: most tool calls in one exploration run.")
+    random_seed: int = doc(0, "Seed of the random strategy; the same seed gives the same calls.")
+    parse_attempts: int = doc(3, "Model answers tried per reflection before the signal is dead-lettered.")
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(f"strategy={self.strategy!r} is not one of {', '.join(STRATEGIES)}; "
+                              "set EXPLORER_STRATEGY or --strategy")
+        kinds = [k.strip() for k in self.signal_kinds.split(",") if k.strip()]
+        unknown = [k for k in kinds if k not in KINDS]
+        if unknown or not kinds:
+            raise ConfigError(f"signal_kinds={self.signal_kinds!r} must name one or more of "
+                              f"{', '.join(KINDS)}, comma-separated (unknown: {', '.join(unknown) or 'none given'})")
+        for name in ("signals_per_step", "every_steps", "runs", "calls_per_run", "parse_attempts"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}={getattr(self, name)} must be at least 1")
+        if self.step_window_s <= 0:
+            raise ConfigError(f"step_window_s={self.step_window_s} must be positive")
+
+    @property
+    def kinds(self) -> frozenset[str]:
+        """The signal kinds explored, as a set."""
+        return frozenset(k.strip() for k in self.signal_kinds.split(",") if k.strip())

@@ -1,0 +1,70 @@
+"""Stage 3, novelty: a proposed task must not be a near-duplicate of a seed or already validated task.
+
+Two tests, either one rejects:
+- the same reference calls (each parsed and re-rendered, so spacing and quoting do not matter) on the
+  same initial state of the same classes;
+- instructions (the user turns joined) at least `threshold` similar to a known task's, by rapidfuzz's
+  `token_sort_ratio` (0-100) after its default normalization (lower case, punctuation stripped).
+"""
+from __future__ import annotations
+
+import json
+from typing import Iterable
+
+from rapidfuzz import fuzz, process, utils
+
+from coevolve.services.envs.base import Task
+from coevolve.services.envs.calls import CallLimits, Rejected, parse_action
+from coevolve.services.validator.stages import StageOutcome
+
+
+def _normal_call(source: str) -> str:
+    parsed = parse_action([source], CallLimits(max_chars=1 << 16)).calls
+    return source.strip() if len(parsed) != 1 or isinstance(parsed[0], Rejected) else parsed[0].render()
+
+
+def behaviour_key(task: Task) -> str:
+    """The task's classes, their initial state and its normalized reference, as one string."""
+    classes = sorted(task.involved_classes)
+    state = {c: task.initial_state.get(c) for c in classes}
+    reference = [[_normal_call(c) for c in turn] for turn in task.reference]
+    return json.dumps([classes, state, reference], sort_keys=True, default=str)
+
+
+def instructions(task: Task) -> str:
+    return "\n".join(task.turns)
+
+
+class NoveltyIndex:
+    """The known tasks (seeds, then every validated task) that proposals are compared against."""
+
+    def __init__(self, tasks: Iterable[Task] = (), threshold: float = 90.0):
+        self.threshold = threshold
+        self._by_behaviour: dict[str, str] = {}
+        self._texts: list[str] = []
+        self._ids: list[str] = []
+        for task in tasks:
+            self.add(task)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def add(self, task: Task) -> None:
+        self._by_behaviour.setdefault(behaviour_key(task), task.task_id)
+        self._texts.append(instructions(task))
+        self._ids.append(task.task_id)
+
+    def check(self, task: Task) -> StageOutcome:
+        """Stage 3's outcome for `task` against every known task."""
+        same = self._by_behaviour.get(behaviour_key(task))
+        if same is not None:
+            return StageOutcome("novel", False, f"duplicate of {same}: the same reference calls on the "
+                                                "same initial state")
+        match = process.extractOne(instructions(task), self._texts, scorer=fuzz.token_sort_ratio,
+                                   processor=utils.default_process, score_cutoff=self.threshold)
+        if match is not None:
+            _, score, index = match
+            return StageOutcome("novel", False, f"near-duplicate of {self._ids[index]}: instructions "
+                                                f"{score:.1f}% similar (threshold {self.threshold:g})")
+        return StageOutcome("novel", True, f"no known task among {len(self)} has the same reference on the "
+                                           f"same state or instructions {self.threshold:g}% similar")

@@ -1,0 +1,115 @@
+"""The validation stages a proposed task goes through, in order; each returns its outcome and reason.
+
+1. `well_formed`: the task has turns, every turn has reference calls, every reference call parses as
+   one plain call with literal arguments, and names a public tool of an involved class.
+2. `executable`: from the initial state, the reference runs with no call rejected, raising or
+   returning an error, and it changes the state or returns information (a hallucinated task fails).
+3. `novel`: not a near-duplicate of a known task (`novelty.py`).
+4. `dual_pass`: an attempt's calls, scored against the reference in the real environment, succeed or
+   earn a positive partial score; a zero score rejects the task.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from coevolve.services.envs.base import Task
+from coevolve.services.envs.bfcl import InvalidTask, Workspace, public_methods, reference_problems, score_calls
+from coevolve.services.envs.calls import CallLimits, Rejected, parse_action
+
+STAGES = ("well_formed", "executable", "novel", "dual_pass")
+_EMPTY_RESULTS = frozenset({"", "None", "{}", "[]", "null"})
+
+
+@dataclass(frozen=True)
+class StageOutcome:
+    """One stage's result, as recorded in `TaskChecked.stages`."""
+
+    stage: str
+    passed: bool
+    reason: str
+
+    def to_record(self) -> dict:
+        return {"stage": self.stage, "passed": self.passed, "reason": self.reason}
+
+
+def _tools(task: Task) -> dict[str, str] | str:
+    """Tool name to class, or why the classes are not known."""
+    owner: dict[str, str] = {}
+    for name in task.involved_classes:
+        try:
+            for method in public_methods(name):
+                owner[method] = name
+        except InvalidTask as exc:
+            return str(exc)
+    return owner
+
+
+def _malformed(reason: str) -> StageOutcome:
+    return StageOutcome("well_formed", False, reason)
+
+
+def check_well_formed(task: Task) -> StageOutcome:
+    """Stage 1: every reference call parses and names a tool of the involved classes."""
+    if not task.turns:
+        return _malformed("the task has no user turns")
+    if len(task.reference) != len(task.turns) or not all(task.reference):
+        return _malformed("every user turn needs at least one reference call")
+    owner = _tools(task)
+    if isinstance(owner, str):
+        return _malformed(owner)
+    count = 0
+    for turn, calls in enumerate(task.reference):
+        for source in calls:
+            parsed = parse_action([source], CallLimits(max_chars=1 << 16)).calls
+            call = parsed[0] if len(parsed) == 1 else None
+            if call is None or isinstance(call, Rejected):
+                why = call.reason if isinstance(call, Rejected) else "not one call"
+                return _malformed(f"turn {turn}: {source!r} does not parse as one call: {why}")
+            if call.name not in owner:
+                return _malformed(f"turn {turn}: {call.name!r} is not a tool of "
+                            f"{', '.join(task.involved_classes)}")
+            count += 1
+    return StageOutcome("well_formed", True, f"{count} reference call(s) parse and name tools of "
+                                             f"{', '.join(task.involved_classes)}")
+
+
+def _effect(task: Task) -> tuple[bool, bool]:
+    """Whether running the whole reference changes the state, and whether any call returns information."""
+    work, untouched = Workspace(task), Workspace(task)
+    informative = False
+    for calls in task.reference:
+        for source in calls:
+            result = work.run(parse_action([source], CallLimits(max_chars=1 << 16)).calls[0])
+            informative = informative or result.strip() not in _EMPTY_RESULTS
+    return bool(work.state_differences(untouched)), informative
+
+
+def check_executable(task: Task) -> StageOutcome:
+    """Stage 2: the reference runs without errors and changes state or returns information."""
+    problems = reference_problems(task)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        return StageOutcome("executable", False, f"the reference fails: {problems[0]}{more}")
+    changed, informative = _effect(task)
+    if not (changed or informative):
+        return StageOutcome("executable", False, "the reference changes no state and returns no information")
+    what = " and ".join(w for w, yes in (("changes the state", changed), ("returns information", informative)) if yes)
+    return StageOutcome("executable", True, f"the reference runs without errors and {what}")
+
+
+def check_dual_pass(task: Task, attempt: Sequence[Sequence[str]]) -> tuple[StageOutcome, float]:
+    """Stage 4: the attempt's calls per turn, scored in the environment; passes on success or a score > 0."""
+    try:
+        result = score_calls(task, [list(turn) for turn in attempt[:len(task.turns)]])
+    except InvalidTask as exc:
+        return StageOutcome("dual_pass", False, f"the task does not run: {exc}"), 0.0
+    score, passed = float(result["score"]), sum(t["passed"] for t in result["turns"])
+    summary = f"attempt scored {score:.2f} ({passed} of {len(task.turns)} turns passed)"
+    if result["success"]:
+        return StageOutcome("dual_pass", True, f"{summary}: the attempt completes the task"), score
+    if score > 0:
+        return StageOutcome("dual_pass", True, f"{summary}: a positive partial score"), score
+    first = next((t for t in result["turns"] if not t["passed"]), None)
+    detail = f"; turn {first['turn']}: {first['reason']}" if first else ""
+    return StageOutcome("dual_pass", False, f"{summary}{detail}"), score

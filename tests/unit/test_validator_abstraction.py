@@ -1,0 +1,96 @@
+"""Abstraction: the prompt shows what exploration found; recorded answers parse into runnable tasks or say why not."""
+import json
+from pathlib import Path
+
+import pytest
+
+from coevolve.services.envs import bfcl_data
+from coevolve.services.envs.bfcl import score_calls
+from coevolve.services.validator.abstraction import (abstraction_messages, build_task, merge_patch, parse_proposal,
+                                                     successful_calls, synthesized_task_id, task_schema)
+from coevolve.services.validator.groups import ExplorationGroups
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "abstraction"
+SEED = bfcl_data.get_task("multi_turn_base_0")
+
+
+def _fixture(name: str) -> str:
+    return (FIXTURES / f"{name}.txt").read_text()
+
+
+def exploration(event_id="e0", round_=0, signal_id="sig", tuples=None, step=3):
+    tuples = tuples if tuples is not None else [
+        {"name": "cd", "arguments": '{"folder": "document"}', "observation": '{"current_working_directory": "document"}'},
+        {"name": "mv", "arguments": '{"source": "x", "destination": "y"}', "observation": '{"error": "mv: no x"}'},
+        {"name": "cd", "arguments": '{"folder": "document"}', "observation": '{"current_working_directory": "document"}'},
+    ]
+    return {"event_id": event_id, "run_id": "r1", "step": step, "signal_id": signal_id, "task_id": SEED.task_id,
+            "round": round_, "context": '{"failure": "mv before mkdir"}', "tuples": [dict(t, task_id=SEED.task_id)
+                                                                                  for t in tuples]}
+
+
+def test_the_prompt_shows_the_seed_the_contexts_and_only_the_calls_that_succeeded():
+    system, user = abstraction_messages([exploration(), exploration("e1", 1)], SEED)
+    assert json.dumps(task_schema()) in system["content"]
+    text = user["content"]
+    assert SEED.turns[0] in text and text.count('{"failure": "mv before mkdir"}') == 1
+    assert "cd(folder='document') -> " in text and "mv(" not in text
+    assert successful_calls([exploration()]) == [("cd(folder='document')", '{"current_working_directory": "document"}')]
+
+
+@pytest.mark.parametrize("name", ["valid", "fenced_with_state", "trailing_prose"])
+def test_recorded_answers_that_hold_a_task_parse_into_tasks_whose_reference_passes(name):
+    parsed = parse_proposal(_fixture(name))
+    assert parsed.ok, parsed.reason
+    task = build_task(parsed.value, SEED, "synthesized_x")
+    assert set(task.initial_state) == {"GorillaFileSystem"} and task.involved_classes == ("GorillaFileSystem",)
+    result = score_calls(task, [list(t) for t in task.reference])
+    assert result["success"], result
+
+
+@pytest.mark.parametrize("name,reason", [
+    ("wrong_types", "the JSON does not fit the schema: at $.reference[0][0]: {'name': 'mkdir'} is not of type "
+                    "'string'; at $.turns: 'Make a folder' is not of type 'array'"),
+    ("missing_fields", "the JSON does not fit the schema: at $: 'reference' is a required property"),
+    ("not_json", 'no JSON object found in the answer (it begins: "Task: make a folder named drafts.'),
+    ("turn_mismatch", "'reference' has 1 turn(s) but 'turns' has 2; give one list of calls per user turn"),
+    ("unknown_class", "the JSON does not fit the schema: at $.involved_classes[0]: 'EmailAPI' is not one of"),
+])
+def test_recorded_malformed_answers_are_refused_with_a_precise_reason(name, reason):
+    parsed = parse_proposal(_fixture(name))
+    assert parsed.value is None
+    assert parsed.reason.startswith(reason)
+
+
+def test_too_many_turns_are_refused():
+    answer = json.dumps({"turns": ["ls"] * 3, "involved_classes": ["GorillaFileSystem"],
+                         "reference": [["ls()"]] * 3})
+    assert parse_proposal(answer, max_turns=3).ok
+    assert "is too long" in parse_proposal(answer, max_turns=2).reason
+
+
+def test_the_initial_state_is_the_seeds_patched_and_the_seed_is_untouched():
+    before = json.dumps(SEED.initial_state, sort_keys=True)
+    task = build_task(parse_proposal(_fixture("fenced_with_state")).value, SEED, "synthesized_x")
+    archive = task.initial_state["GorillaFileSystem"]["root"]["workspace"]["contents"]["archive"]
+    assert archive["contents"] == {"old.txt": {"type": "file", "content": "old notes"}}
+    assert archive["type"] == "directory"  # kept from the seed
+    assert json.dumps(SEED.initial_state, sort_keys=True) == before
+    assert merge_patch({"a": 1, "b": {"c": 2}}, {"b": {"c": None, "d": 3}}) == {"a": 1, "b": {"d": 3}}
+
+
+def test_a_group_of_explorations_always_gives_the_same_task_id():
+    assert synthesized_task_id(["b", "a"]) == synthesized_task_id(["a", "b"]) != synthesized_task_id(["a"])
+    assert "long_context" not in synthesized_task_id(["a"])  # Task.from_record reads that from the id
+
+
+def test_groups_complete_when_every_round_arrived_and_ignore_redeliveries():
+    groups = ExplorationGroups(rounds=2)
+    assert groups.add(exploration("e0", 0), now=0.0) is None
+    assert groups.add(exploration("e0", 0), now=1.0) is None
+    assert groups.add(exploration("x0", 0, signal_id="other"), now=1.0) is None
+    complete = groups.add(exploration("e1", 1), now=2.0)
+    assert [e["event_id"] for e in complete] == ["e0", "e1"]
+    assert groups.expire(now=5.0, max_wait_s=10.0) == []
+    assert [[e["event_id"] for e in g] for g in groups.expire(now=11.0, max_wait_s=10.0)] == [["x0"]]
+    assert groups.add(exploration("e1", 1), now=12.0) is None
