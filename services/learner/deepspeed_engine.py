@@ -13,6 +13,8 @@
   because the loss weights already normalize over the whole batch.
 - The JSON config names the ZeRO stage and precision; the learner's config overrides the micro-batch
   size, gradient clipping and the optimizer's lr and weight decay, so one source decides those.
+  Without an `optimizer` section the learner passes torch's AdamW; with one, DeepSpeed's Adam
+  JIT-builds its fused op on first use (about two minutes on CPU here) unless `"torch_adam": true`.
 """
 from __future__ import annotations
 
