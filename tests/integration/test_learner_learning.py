@@ -6,10 +6,10 @@ advantages per prompt, and takes one GRPO step (several micro-batches, KL on). B
 policy is measured on 256 fresh continuations.
 
 Why the margin cannot be passed by chance: if training did nothing, the 2 x 256 measured rewards
-would be independent draws in [0, 1] with the same mean p0. By Hoeffding, each 256-sample mean lies
-more than 0.2 from p0 with probability at most exp(-2 * 256 * 0.2^2) = exp(-20.5) < 2e-9, so the
-after-minus-before difference exceeds 0.4 with probability below 4e-9. With a vocabulary of 32 the
-start is near 1/32, and the test asks for a rise of at least 0.4.
+would be independent draws in [0, 1] with the same mean p0. A difference of 0.4 needs the "after"
+mean 0.2 above p0 or the "before" mean 0.2 below it; by Hoeffding each has probability at most
+exp(-2 * 256 * 0.2^2) = exp(-20.5) < 1.3e-9, so chance passes with probability below 3e-9. With a
+vocabulary of 32 the start is near 1/32 (0.03 here), and the test asks for a rise of at least 0.4.
 """
 import pytest
 import torch
