@@ -1,7 +1,8 @@
 """The DeepSpeed engine, and every DeepSpeed quirk the learner works around, in one place.
 
-- Accelerator: DeepSpeed picks its accelerator once, at import, from `DS_ACCELERATOR`; without a GPU
-  it must be told `cpu` before the first `import deepspeed`.
+- Accelerator: DeepSpeed picks its accelerator once, at import, from `DS_ACCELERATOR`. For a CPU
+  model it is set to `cpu` before the first `import deepspeed` (0.19.8 also falls back to CPU when
+  it finds no GPU, with a warning; being explicit keeps a GPU host from choosing CUDA for a CPU run).
 - Single process: outside the `deepspeed` launcher, `deepspeed.initialize` still joins a process
   group, so RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT get single-process values
   when they are unset (a launcher sets them, and they are then left alone).
