@@ -12,6 +12,10 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install --quiet -e '.[dev]'
 	# bfcl-eval pins numpy, vllm and many API SDKs; only its data and backends are needed.
 	$(BIN)/pip install --quiet --no-deps 'bfcl-eval==2026.3.23'
+	# The learner, in a second resolution: huggingface-hub >= 1.33 (transformers 5) needs click >= 8.4.2,
+	# faust-streaming pins click < 8.4, and one resolution backtracks for minutes. Installed apart, pip
+	# only warns, and Faust works with click 8.5 (FINDINGS). torch 2.13.0 is the local CPU wheel.
+	$(BIN)/pip install --quiet 'torch==2.13.0' 'transformers>=5.19,<6' 'deepspeed==0.19.8' 'peft>=0.21,<0.22'
 	touch $(STAMP)
 
 run: $(STAMP)

@@ -1,0 +1,87 @@
+"""Learner training throughput on CPU: tokens/s of one GRPO step, plain torch versus DeepSpeed ZeRO-1.
+
+    python -m bench.bench_train [--shapes tiny,smollm2-135m] [--batch 4] [--length 256] [--repeats 5]
+
+Random-weight Llama models built from a config (`tiny`: 2.9M parameters; `smollm2-135m`: SmolLM2-135M's
+shape), float32. A step is `engine.train_step` on `batch` sequences of `length` tokens, the second
+half of each generated (loss mask 1), micro-batches of 2, KL off, AdamW; tokens/s counts every token
+the forward and backward passes process. One untimed warm-up step per engine, then `repeats` steps
+of each, alternating the two engines (so both see the same load from other jobs), and the medians.
+DeepSpeed runs in this process with DS_ACCELERATOR=cpu and one rank.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from bench.common import machine, report
+from coevolve.services.learner.batch import TrainSequence
+from coevolve.services.learner.config import GRPOConfig
+from coevolve.services.learner.engines import build_engine
+from coevolve.services.learner.shapes import SHAPES, random_llama
+
+
+def make_batch(batch: int, length: int, vocab: int) -> list[TrainSequence]:
+    gen = torch.Generator().manual_seed(0)
+    half = length // 2
+    mask = [0] * (length - half) + [1] * half
+    seqs = []
+    for i in range(batch):
+        ids = torch.randint(0, vocab, (length,), generator=gen).tolist()
+        logprobs = [-5.0 if m else 0.0 for m in mask]
+        seqs.append(TrainSequence(ids, mask, logprobs, advantage=1.0 if i % 2 else -1.0))
+    return seqs
+
+
+def interleaved(engines: dict, batch: list[TrainSequence], repeats: int) -> dict[str, list[float]]:
+    """Tokens/s of each engine's steps, alternating engines so both see the same machine load."""
+    tokens = sum(len(s.token_ids) for s in batch)
+    runs: dict[str, list[float]] = {name: [] for name in engines}
+    for name, engine in engines.items():
+        engine.train_step(batch)  # warm-up
+    for _ in range(repeats):
+        for name, engine in engines.items():
+            start = time.perf_counter()
+            engine.train_step(batch)
+            runs[name].append(tokens / (time.perf_counter() - start))
+    return runs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default="tiny,smollm2-135m")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--length", type=int, default=256)
+    parser.add_argument("--micro-batch", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    print(f"machine: {machine()}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"load average {os.getloadavg()[0]:.1f} at start")
+    with tempfile.TemporaryDirectory() as tmp:
+        ds_file = Path(tmp) / "zero1.json"
+        ds_file.write_text(json.dumps({"zero_optimization": {"stage": 1}}))
+        for shape in args.shapes.split(","):
+            batch = make_batch(args.batch, args.length, SHAPES[shape]["vocab_size"])
+            print(f"{shape}: {args.batch} x {args.length} tokens per step, micro-batch {args.micro_batch}")
+            engines = {name: build_engine(random_llama(shape, seed=0), GRPOConfig(
+                lr=1e-6, micro_batch_size=args.micro_batch, deepspeed_config=ds_config))
+                for name, ds_config in (("torch", ""), ("deepspeed-zero1", str(ds_file)))}
+            for name, runs in interleaved(engines, batch, args.repeats).items():
+                report(f"{shape} {name}", statistics.median(runs), "tokens/s", runs)
+            del engines
+    print(f"load average {os.getloadavg()[0]:.1f} at end (other jobs on the machine slow every figure)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""The learner's training settings: one frozen dataclass, layered like every service's config.
+
+`load(GRPOConfig, "learner")` reads `LEARNER_LR`, then `LR`, then the default (services/config.py).
+Defaults are the paper's where it gives one (clip 0.20 / 0.28, KL beta 1e-3 is its `paper` preset;
+beta 0 here so no reference model is loaded unless asked) and CPU-sized otherwise.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from coevolve.services.runtime.config import ConfigError, doc
+from coevolve.services.learner.grpo import LOSS_AGG_MODES
+
+REWARDS = ("binary", "partial")
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    """Optimizer, loss and engine settings of a GRPO training step."""
+
+    lr: float = doc(1e-6, "AdamW learning rate (the paper's 1e-6).")
+    weight_decay: float = doc(0.0, "AdamW weight decay.")
+    clip_low: float = doc(0.20, "Lower clip range: the ratio is clipped at 1 - clip_low.")
+    clip_high: float = doc(0.28, "Upper clip range: the ratio is clipped at 1 + clip_high.")
+    kl_beta: float = doc(0.0, "Weight of the k3 KL penalty against the frozen reference; 0 loads no reference.")
+    loss_agg: str = doc("token-mean", "Loss aggregation: token-mean, seq-mean-token-sum or seq-mean-token-mean.")
+    reward: str = doc("partial", "Rollout reward: binary (task success, the paper's) or partial (share of turns passed).")
+    adv_eps: float = doc(1e-6, "Added to a group's reward std before dividing.")
+    temperature: float = doc(1.0, "Rollout sampling temperature; logits are divided by it before log-probs.")
+    max_grad_norm: float = doc(1.0, "Clip the global gradient norm to this; 0 disables clipping.")
+    micro_batch_size: int = doc(4, "Sequences per forward/backward; gradients accumulate over a step's batch.")
+    seed: int = doc(0, "Seed of torch's generator for the learner.")
+    deepspeed_config: str = doc("", "Path of a DeepSpeed JSON config (ZeRO stage 0-2); empty trains with plain torch.")
+    lora_rank: int = doc(0, "LoRA rank through peft; 0 trains every weight.")
+    lora_alpha: int = doc(16, "LoRA alpha (scale alpha / rank).")
+    lora_targets: str = doc("q_proj,k_proj,v_proj,o_proj", "Comma-separated module names LoRA adapts.")
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ConfigError(f"lr must be positive (got {self.lr}); the paper uses 1e-6")
+        if not 0 < self.clip_low < 1 or self.clip_high <= 0:
+            raise ConfigError(f"clip_low must be in (0, 1) and clip_high positive (got {self.clip_low}, "
+                              f"{self.clip_high}); the paper uses 0.20 and 0.28")
+        for name in ("kl_beta", "weight_decay", "max_grad_norm"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0 (got {getattr(self, name)})")
+        if self.loss_agg not in LOSS_AGG_MODES:
+            raise ConfigError(f"loss_agg={self.loss_agg!r} is unknown; use one of {', '.join(LOSS_AGG_MODES)}")
+        if self.reward not in REWARDS:
+            raise ConfigError(f"reward={self.reward!r} is unknown; use one of {', '.join(REWARDS)}")
+        if self.adv_eps <= 0 or self.temperature <= 0:
+            raise ConfigError("adv_eps and temperature must be positive; sample with temperature > 0 to train")
+        if self.micro_batch_size < 1:
+            raise ConfigError(f"micro_batch_size must be at least 1 (got {self.micro_batch_size})")
+        if self.lora_rank < 0 or self.lora_alpha <= 0:
+            raise ConfigError("lora_rank must be >= 0 (0 = off) and lora_alpha positive")
+        if self.lora_rank and not self.lora_target_modules:
+            raise ConfigError("lora_targets is empty; name the modules to adapt, e.g. q_proj,v_proj")
+        if self.deepspeed_config:
+            read_deepspeed_config(self.deepspeed_config)
+
+    @property
+    def lora_target_modules(self) -> list[str]:
+        return [name.strip() for name in self.lora_targets.split(",") if name.strip()]
+
+
+def read_deepspeed_config(path: str) -> dict:
+    """Parse a DeepSpeed JSON config and check what this learner supports (ZeRO stages 0-2)."""
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"deepspeed_config {path!r} is not a file; give a DeepSpeed JSON config or leave it empty")
+    try:
+        config = json.loads(file.read_text())
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"deepspeed_config {path!r} is not valid JSON: {err}") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"deepspeed_config {path!r} must hold a JSON object")
+    stage = config.get("zero_optimization", {}).get("stage", 0)
+    if stage not in (0, 1, 2):
+        raise ConfigError(f"ZeRO stage {stage!r} in {path!r} is not supported by the learner yet; use 0, 1 or 2")
+    return config

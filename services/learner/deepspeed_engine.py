@@ -1,0 +1,93 @@
+"""The DeepSpeed engine, and every DeepSpeed quirk the learner works around, in one place.
+
+- Accelerator: DeepSpeed picks its accelerator once, at import, from `DS_ACCELERATOR`. For a CPU
+  model it is set to `cpu` before the first `import deepspeed` (0.19.8 also falls back to CPU when
+  it finds no GPU, with a warning; being explicit keeps a GPU host from choosing CUDA for a CPU run).
+- Single process: outside the `deepspeed` launcher, `deepspeed.initialize` still joins a process
+  group, so RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT get single-process values
+  when they are unset (a launcher sets them, and they are then left alone).
+- First start on CPU JIT-builds a shared-memory communication op (about a minute here; cached in
+  ~/.cache/torch_extensions afterwards).
+- Variable micro-batch counts: a GRPO batch's sequences vary in number and length, so DeepSpeed's
+  fixed `gradient_accumulation_steps` does not fit. `managed_gradient_accumulation: false` (0.19)
+  makes `backward()` only accumulate and `step()` the boundary; `backward(scale_wrt_gas=False)`
+  because the loss weights already normalize over the whole batch.
+- The JSON config names the ZeRO stage and precision; the learner's config overrides the micro-batch
+  size, gradient clipping and the optimizer's lr and weight decay, so one source decides those.
+  Without an `optimizer` section the learner passes torch's AdamW; with one, DeepSpeed's Adam
+  JIT-builds its fused op on first use (about two minutes on CPU here) unless `"torch_adam": true`.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+import torch
+
+from coevolve.services.learner.batch import Collated
+from coevolve.services.learner.config import GRPOConfig, read_deepspeed_config
+from coevolve.services.learner.engine import Engine
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def import_deepspeed(device: torch.device):
+    """Import deepspeed with its accelerator and single-process rendezvous set up for `device`."""
+    if "deepspeed" not in sys.modules and device.type == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    defaults = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+    for key, value in defaults.items():
+        os.environ.setdefault(key, value)
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    import deepspeed
+
+    return deepspeed
+
+
+def deepspeed_settings(config: GRPOConfig) -> dict:
+    """The JSON config with the learner's own settings laid over it."""
+    settings = read_deepspeed_config(config.deepspeed_config)
+    settings.pop("train_batch_size", None)
+    settings.update(train_micro_batch_size_per_gpu=config.micro_batch_size, gradient_accumulation_steps=1,
+                    managed_gradient_accumulation=False, gradient_clipping=config.max_grad_norm)
+    if "optimizer" in settings:
+        params = settings["optimizer"].setdefault("params", {})
+        params.update(lr=config.lr, weight_decay=config.weight_decay)
+    return settings
+
+
+class DeepSpeedEngine(Engine):
+    """DeepSpeed ZeRO (stage 0-2 from the JSON config) around the policy."""
+
+    def __init__(self, model: torch.nn.Module, config: GRPOConfig, pad_id: int = 0) -> None:
+        super().__init__(model, config, pad_id)
+        deepspeed = import_deepspeed(next(model.parameters()).device)
+        settings = deepspeed_settings(config)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        optimizer = None
+        if "optimizer" not in settings:
+            optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+        self.ds, self.optimizer, _, _ = deepspeed.initialize(
+            model=self.model, optimizer=optimizer, model_parameters=params if optimizer is None else None,
+            config=settings)
+        self.model = self.ds
+
+    @property
+    def policy_module(self) -> torch.nn.Module:
+        return self.ds.module
+
+    def _forward(self, mb: Collated) -> torch.Tensor:
+        return self.ds(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        self.ds.backward(loss, scale_wrt_gas=False)
+
+    def _step(self) -> float:
+        self.ds.step()
+        norm = self.ds.get_global_grad_norm()
+        return float(norm) if norm is not None else float("nan")

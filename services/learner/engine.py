@@ -1,0 +1,148 @@
+"""Training engines: one `train_step(batch) -> metrics` over GRPO sequences, plain torch or DeepSpeed.
+
+A step computes each sequence's loss weight over the whole batch first (`grpo.sequence_scales`),
+then runs micro-batches of `micro_batch_size` sequences, each forward/backward adding its share of
+the gradient, and takes one optimizer step. Because the weights are fixed per batch, the
+accumulated gradient equals the full batch's, whatever the micro-batch size.
+
+The reference policy for the KL term exists only when `kl_beta > 0`: a frozen copy of the starting
+weights, or, with LoRA, the same model with its adapters switched off (no copy).
+"""
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from coevolve.services.learner import grpo
+from coevolve.services.learner.batch import Collated, TrainSequence, collate, micro_batches
+from coevolve.services.learner.config import GRPOConfig
+from coevolve.services.learner.lora import add_lora, is_lora, merged_named_parameters
+
+
+class Engine:
+    """The step loop shared by every engine; subclasses own the optimizer and the backward."""
+
+    def __init__(self, model: torch.nn.Module, config: GRPOConfig, pad_id: int = 0) -> None:
+        torch.manual_seed(config.seed)
+        self.config = config
+        self.pad_id = pad_id
+        self.steps = 0
+        if config.lora_rank:
+            model = add_lora(model, config)
+        self.reference = None
+        if config.kl_beta > 0 and not is_lora(model):
+            self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+        self.model = model
+
+    # Subclass hooks.
+    def _forward(self, mb: Collated) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def _step(self) -> float:
+        """Clip, update, zero the gradients; return the gradient norm before clipping."""
+        raise NotImplementedError
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def train_step(self, batch: Sequence[TrainSequence]) -> dict[str, float]:
+        """One GRPO update on `batch`; returns the step's metrics."""
+        if not batch:
+            raise ValueError("train_step needs at least one sequence")
+        start = time.perf_counter()
+        cfg = self.config
+        self.model.train()
+        counts = torch.tensor([s.loss_tokens for s in batch])
+        scales = grpo.sequence_scales(counts, cfg.loss_agg)
+        sums = dict.fromkeys(("loss", "pg_loss", "kl", "clipped"), 0.0)
+        for part in micro_batches(len(batch), cfg.micro_batch_size):
+            mb = collate(batch[part], self.pad_id).to(self.device)
+            loss, stats = self._micro_loss(mb, scales[part].to(self.device))
+            self._backward(loss)
+            for key, value in stats.items():
+                sums[key] += value
+        grad_norm = self._step()
+        self.steps += 1
+        seconds = time.perf_counter() - start
+        loss_tokens = int(counts.sum())
+        return {
+            "loss": sums["loss"], "pg_loss": sums["pg_loss"], "kl": sums["kl"],
+            "clip_fraction": sums["clipped"] / max(loss_tokens, 1), "grad_norm": grad_norm,
+            "loss_tokens": float(loss_tokens), "tokens": float(sum(len(s.token_ids) for s in batch)),
+            "sequences": float(len(batch)), "step_seconds": seconds,
+        }
+
+    def _micro_loss(self, mb: Collated, scales: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        cfg = self.config
+        logp = grpo.token_logprobs(self._forward(mb), mb.input_ids, cfg.temperature)
+        pg, clipped = grpo.clipped_pg_loss(logp, mb.old_logprobs, mb.advantages, mb.loss_mask,
+                                           cfg.clip_low, cfg.clip_high)
+        pg_loss = grpo.aggregate(pg, mb.loss_mask, scales)
+        loss, kl_value = pg_loss, 0.0
+        if cfg.kl_beta > 0:
+            kl = grpo.aggregate(grpo.k3_kl(logp, self._reference_logprobs(mb), mb.loss_mask),
+                                mb.loss_mask, scales)
+            loss = pg_loss + cfg.kl_beta * kl
+            kl_value = float(kl.detach())
+        return loss, {"loss": float(loss.detach()), "pg_loss": float(pg_loss.detach()), "kl": kl_value,
+                      "clipped": float(clipped.sum())}
+
+    @torch.no_grad()
+    def _reference_logprobs(self, mb: Collated) -> torch.Tensor:
+        if self.reference is not None:
+            logits = self.reference(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
+                                    use_cache=False).logits
+        else:
+            with self.policy_module.disable_adapter():
+                logits = self._forward(mb)
+        return grpo.token_logprobs(logits, mb.input_ids, self.config.temperature)
+
+    @property
+    def policy_module(self) -> torch.nn.Module:
+        """The (possibly peft-wrapped) transformers model, outside any engine wrapper."""
+        return self.model
+
+    def named_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name, tensor) of the full policy under transformers' names, LoRA merged: what vLLM loads."""
+        module = self.policy_module
+        if is_lora(module):
+            yield from merged_named_parameters(module)
+            return
+        for name, param in module.named_parameters():
+            yield name, param.detach()
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The policy's weights (LoRA merged), detached and on CPU."""
+        return {name: tensor.cpu().clone() for name, tensor in self.named_parameters()}
+
+
+class TorchEngine(Engine):
+    """Plain torch: AdamW over the trainable parameters, gradient-norm clipping."""
+
+    def __init__(self, model: torch.nn.Module, config: GRPOConfig, pad_id: int = 0) -> None:
+        super().__init__(model, config, pad_id)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _forward(self, mb: Collated) -> torch.Tensor:
+        return self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def _step(self) -> float:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        limit = self.config.max_grad_norm or float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, limit) if params else torch.tensor(0.0)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+

@@ -1,0 +1,30 @@
+"""Child process of test_learner_deepspeed: train plain torch and DeepSpeed side by side, print JSON.
+
+DeepSpeed joins a torch.distributed process group and sets rendezvous variables in the process; a
+child keeps both out of the test process (and out of other in-process engines such as vLLM).
+"""
+import json
+import sys
+
+from coevolve.services.learner.config import GRPOConfig
+from coevolve.services.learner.engine import TorchEngine
+from coevolve.services.learner.engines import build_engine
+from coevolve.services.learner.shapes import random_llama
+from tests.integration.test_learner_engine import SMALL, make_batch, max_diff, weights
+
+
+def main(ds_file: str, steps: int, micro_batch: int, kl_beta: float) -> None:
+    common = dict(lr=1e-3, micro_batch_size=micro_batch, kl_beta=kl_beta, max_grad_norm=1.0)
+    plain = TorchEngine(random_llama("tiny", seed=0, **SMALL), GRPOConfig(**common))
+    ds = build_engine(random_llama("tiny", seed=0, **SMALL), GRPOConfig(**common, deepspeed_config=ds_file))
+    runs = [(plain.train_step(make_batch(seed=s)), ds.train_step(make_batch(seed=s))) for s in range(steps)]
+    print(json.dumps({
+        "engine": type(ds).__name__, "stage": ds.ds.zero_optimization_stage(),
+        "lr": ds.optimizer.param_groups[0]["lr"], "torch": [a for a, _ in runs], "deepspeed": [b for _, b in runs],
+        "max_weight_diff": max_diff(weights(plain), weights(ds)),
+        "same_names": set(ds.state_dict()) == set(plain.state_dict()),
+    }))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]))

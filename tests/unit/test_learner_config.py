@@ -1,0 +1,56 @@
+"""The learner's training config: paper defaults, layering, and errors that say how to fix them."""
+import json
+
+import pytest
+
+from coevolve.services.runtime.config import ConfigError, describe, load
+from coevolve.services.learner.config import GRPOConfig, read_deepspeed_config
+
+
+def test_defaults_are_the_papers_clip_range_and_token_mean():
+    cfg = GRPOConfig()
+    assert (cfg.clip_low, cfg.clip_high, cfg.loss_agg, cfg.lr) == (0.20, 0.28, "token-mean", 1e-6)
+    assert cfg.kl_beta == 0.0 and cfg.lora_rank == 0 and cfg.deepspeed_config == ""
+    assert all(text for _, _, text in describe(GRPOConfig))
+
+
+def test_environment_layers_over_defaults():
+    cfg = load(GRPOConfig, "learner", environ={"CLIP_HIGH": "0.3", "LEARNER_CLIP_HIGH": "0.25",
+                                              "LOSS_AGG": "seq-mean-token-mean", "LEARNER_KL_BETA": "0.001"})
+    assert (cfg.clip_high, cfg.loss_agg, cfg.kl_beta) == (0.25, "seq-mean-token-mean", 0.001)
+
+
+@pytest.mark.parametrize("fields,match", [
+    ({"lr": 0}, "lr must be positive"),
+    ({"clip_low": 1.0}, "clip_low must be in"),
+    ({"clip_high": 0}, "clip_high positive"),
+    ({"kl_beta": -1}, "kl_beta must be >= 0"),
+    ({"loss_agg": "sum"}, "use one of token-mean"),
+    ({"reward": "dense"}, "use one of binary, partial"),
+    ({"temperature": 0}, "temperature must be positive"),
+    ({"micro_batch_size": 0}, "micro_batch_size must be at least 1"),
+    ({"lora_rank": 4, "lora_targets": " , "}, "lora_targets is empty"),
+    ({"deepspeed_config": "/nonexistent/ds.json"}, "is not a file"),
+])
+def test_invalid_settings_fail_at_start_with_a_fix(fields, match):
+    with pytest.raises(ConfigError, match=match):
+        GRPOConfig(**fields)
+
+
+def test_deepspeed_config_is_read_and_checked(tmp_path):
+    good = tmp_path / "ds.json"
+    good.write_text(json.dumps({"zero_optimization": {"stage": 1}}))
+    assert GRPOConfig(deepspeed_config=str(good)).deepspeed_config == str(good)
+    assert read_deepspeed_config(str(good))["zero_optimization"]["stage"] == 1
+    bad = tmp_path / "bad.json"
+    bad.write_text("{stage: 1")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        GRPOConfig(deepspeed_config=str(bad))
+    stage3 = tmp_path / "z3.json"
+    stage3.write_text(json.dumps({"zero_optimization": {"stage": 3}}))
+    with pytest.raises(ConfigError, match="use 0, 1 or 2"):
+        GRPOConfig(deepspeed_config=str(stage3))
+
+
+def test_lora_targets_are_split_on_commas():
+    assert GRPOConfig(lora_rank=8, lora_targets="q_proj, v_proj").lora_target_modules == ["q_proj", "v_proj"]
