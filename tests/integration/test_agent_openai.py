@@ -34,7 +34,9 @@ def server(tmp_path_factory):
     process = subprocess.Popen(
         [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir(TINY_RANDOM)),
          "--served-model-name", TINY_RANDOM, "--host", "127.0.0.1", "--port", str(port), "--enforce-eager",
-         "--max-model-len", "4096", "--dtype", "float32"], stdout=log, stderr=subprocess.STDOUT, env=env)
+         "--max-model-len", "6144", "--dtype", "float32",
+         # A random model would fill JSON's optional whitespace until the token limit.
+         "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}'], stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         deadline = time.monotonic() + 300
         while True:

@@ -30,8 +30,9 @@ def bfcl_prompt(vllm):
 
 def test_a_bfcl_episode_runs_to_its_end_and_records_a_valid_trajectory(vllm):
     task = get_task("multi_turn_base_3")
-    sampling = SamplingConfig(temperature=1.0, max_new_tokens=96, seed=11)
-    episodes = run_episodes([task, task], "bfcl", vllm, sampling, EpisodeLimits(max_context_tokens=6144))
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=48, seed=11)
+    limits = EpisodeLimits(max_user_turns=1, max_calls_per_turn=4, max_context_tokens=6144)
+    episodes = run_episodes([task, task], "bfcl", vllm, sampling, limits)
     for i, episode in enumerate(episodes):
         assert episode.done and episode.generations >= 1 and episode.turns >= 1
         texts = [m["content"] for m in episode.messages if m["role"] == "assistant"]
@@ -59,11 +60,10 @@ def test_greedy_vllm_and_transformers_agree_on_the_first_32_tokens(vllm, bfcl_pr
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 0.05
 
 
-def test_update_weights_changes_greedy_output_and_bumps_the_version(vllm, bfcl_prompt):
+def test_update_weights_changes_greedy_output_and_bumps_the_version(vllm):
     import torch
 
-    _, ids = bfcl_prompt
-    request = [Request(prompt_ids=ids)]
+    request = [Request(messages=[{"role": "user", "content": "List the files in my home folder."}])]
     (before,) = vllm.generate(request, GREEDY)
     original = {k: v.detach().clone() for k, v in hf_backend(SMOLLM2).net.state_dict().items()}
     generator = torch.Generator().manual_seed(0)
@@ -86,7 +86,7 @@ def test_structured_output_from_vllm_is_schema_valid_json(vllm):
               "required": ["failure", "tool", "retry"], "additionalProperties": False}
     conversations = [[{"role": "user", "content": "The agent called mv on a missing file. Describe the failure "
                                                   "as JSON."}]] * 2
-    out = generate_json(vllm, conversations, schema, SamplingConfig(temperature=0.7, max_new_tokens=120, seed=3),
+    out = generate_json(vllm, conversations, schema, SamplingConfig(temperature=0.7, max_new_tokens=80, seed=3),
                         retries=0)
     for value in out:
         assert isinstance(value, dict), value
