@@ -1,11 +1,12 @@
 """Rollout throughput of the agent runtime on the BFCL episode workload, vLLM against transformers.
 
     python -m bench.bench_rollout [--model smollm2-135m-instruct] [--tasks 4] [--rollouts 4]
-                                  [--max-new-tokens 64] [--repeats 3] [--parts throughput,update,startup]
+                                  [--max-new-tokens 64] [--turns 1] [--repeats 3]
+                                  [--parts throughput,update,startup]
 
 Workload: `--tasks` held-out BFCL tasks, `--rollouts` rollouts each (all in flight at once), sampled
-at temperature 1 with a fixed seed, at most `--max-new-tokens` per generation, the first two user
-turns. Every rollout of a task shares its system prompt with the tool schemas (a few thousand
+at temperature 1 with a fixed seed, at most `--max-new-tokens` per generation, the first `--turns`
+user turns. Every rollout of a task shares its system prompt with the tool schemas (a few thousand
 tokens), which vLLM's prefix cache serves once. Each backend runs in its own process (so its peak
 resident memory is its own) and reports generated tokens per second of wall time and episodes per
 minute. `update`: seconds to push the model's full state dict into the vLLM engine. `startup`:
@@ -30,7 +31,7 @@ def _workload(args):
 
     tasks = [t for t in load_tasks(split="test")[:args.tasks] for _ in range(args.rollouts)]
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=args.max_new_tokens, seed=0)
-    return tasks, sampling, EpisodeLimits(max_user_turns=2, max_context_tokens=6144)
+    return tasks, sampling, EpisodeLimits(max_user_turns=args.turns, max_context_tokens=6144)
 
 
 def _worker(args) -> dict:
@@ -90,7 +91,7 @@ def _startup(args) -> dict:
 def _child(args, *extra: str) -> dict:
     cmd = [sys.executable, "-m", "bench.bench_rollout", "--model", args.model, "--tasks", str(args.tasks),
            "--rollouts", str(args.rollouts), "--max-new-tokens", str(args.max_new_tokens),
-           "--repeats", str(args.repeats), "--parts", ",".join(args.parts), *extra]
+           "--repeats", str(args.repeats), "--turns", str(args.turns), "--parts", ",".join(args.parts), *extra]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
@@ -108,6 +109,7 @@ def main() -> None:
     parser.add_argument("--rollouts", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--turns", type=int, default=1, help="user turns played per episode")
     parser.add_argument("--parts", type=lambda s: s.split(","), default=["throughput", "update", "startup"])
     parser.add_argument("--worker", choices=["vllm", "transformers"], help=argparse.SUPPRESS)
     parser.add_argument("--startup-eager", dest="eager", type=int, help=argparse.SUPPRESS)
@@ -120,7 +122,7 @@ def main() -> None:
         return
     print(f"machine: {machine()}")
     print(f"workload: {args.tasks} tasks x {args.rollouts} rollouts in flight, {args.max_new_tokens} new tokens, "
-          f"2 user turns, model {args.model}, medians of {args.repeats}")
+          f"{args.turns} user turn(s), model {args.model}, medians of {args.repeats}")
     results = {}
     for backend in ("vllm", "transformers") if "throughput" in args.parts else ("vllm",):
         results[backend] = r = _child(args, "--worker", backend)

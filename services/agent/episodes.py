@@ -88,6 +88,10 @@ class Episode:
                 "produced_at": produced_at_ms if produced_at_ms is not None else int(time.time() * 1000)}
 
 
+PromptRewrite = Callable[[Task, list[Message]], Sequence[Message]]
+"""Changes an episode's first messages before they are tokenized (an explorer adds its context)."""
+
+
 def _arguments(call: Call) -> str:
     values = dict(call.kwargs)
     if call.args:
@@ -99,11 +103,13 @@ class EpisodeRunner:
     """Drives one episode: hands out its next request and takes the completion back."""
 
     def __init__(self, task: Task, env: Environment, template: ChatTemplate | None, limits: EpisodeLimits,
-                 version: int):
+                 version: int, rewrite_prompt: PromptRewrite | None = None):
         self.env, self.template, self.limits = env, template, limits
         self.episode = ep = Episode(task=task, policy_version=version)
         ep.calls = [[] for _ in task.turns]
         ep.messages = list(env.reset(task))
+        if rewrite_prompt is not None:
+            ep.messages = list(rewrite_prompt(task, ep.messages))
         self.call_limits = getattr(getattr(env, "config", None), "limits", None) or CallLimits()
         self.turn_calls = 0
         self.errors = 0
@@ -202,9 +208,8 @@ class EpisodeRunner:
 
     def terminate(self, reason: str) -> None:
         """End the episode now; the environment fails the current and later turns with `reason`."""
-        end = getattr(self.env, "terminate", None)
-        result = end(reason) if callable(end) else None
-        self._finish(result.score if result else 0.0, bool(result and result.success), reason)
+        result = self.env.terminate(reason)
+        self._finish(result.score, result.success, reason)
 
     def _finish(self, score: float, success: bool, reason: str | None) -> None:
         ep = self.episode
@@ -216,11 +221,12 @@ class EpisodeRunner:
 def run_episodes(tasks: Sequence[Task], env: str | Callable[[], Environment], backend: Backend,
                  sampling: SamplingConfig, limits: EpisodeLimits | None = None,
                  on_done: Callable[[Episode], None] | None = None,
-                 max_in_flight: int | None = None) -> list[Episode]:
+                 max_in_flight: int | None = None, rewrite_prompt: PromptRewrite | None = None) -> list[Episode]:
     """Play one episode per task (repeat a task for K rollouts), batching each round's generations.
 
     At most `max_in_flight` episodes run at once (all by default); a finished one makes room for the
-    next task. Episodes come back in the order of `tasks`.
+    next task. `rewrite_prompt` may change each episode's first messages. Episodes come back in the
+    order of `tasks`.
     """
     limits = limits or EpisodeLimits()
     make = (lambda: make_env(env)) if isinstance(env, str) else env
@@ -232,7 +238,7 @@ def run_episodes(tasks: Sequence[Task], env: str | Callable[[], Environment], ba
     while queue or active:
         while queue and len(active) < width:
             index, task = queue.pop()
-            active.append((index, EpisodeRunner(task, make(), template, limits, backend.version)))
+            active.append((index, EpisodeRunner(task, make(), template, limits, backend.version, rewrite_prompt)))
         pending = [(runner, req) for _, runner in active if (req := runner.request(sampling)) is not None]
         if pending:
             completions = backend.generate([req for _, req in pending], sampling)

@@ -186,3 +186,19 @@ def test_text_only_backends_give_episodes_without_tokens(task):
     assert episode.token_ids == [] and episode.loss_mask == [] and episode.done
     assert all(r.prompt_ids is None for b in backend.batches for r in b)
     assert episode.calls[0] == ["cd(folder='document')"]
+
+
+def test_a_prompt_rewrite_reaches_the_tokens_and_the_model(tokenizer, task):
+    seen = []
+
+    def script(request):
+        seen.append(request.messages[0]["content"])
+        return "Done."
+
+    def add_context(task_, messages):
+        return [{**messages[0], "content": messages[0]["content"] + "\nExplore: mv fails on missing files."}] + messages[1:]
+
+    backend = ScriptedBackend(tokenizer, script)
+    (episode,) = run_episodes([task], "bfcl", backend, SAMPLING, LIMITS, rewrite_prompt=add_context)
+    assert all(s.endswith("Explore: mv fails on missing files.") for s in seen)
+    assert "Explore: mv fails" in tokenizer.decode(episode.token_ids[:episode.prompt_len])
