@@ -14,8 +14,9 @@ from coevolve.services.agent.config import BackendConfig
 from coevolve.services.agent.models import SMOLLM2, TINY_RANDOM, resolve_model
 from coevolve.services.config import load
 
-# Small enough that two engines and the model copies fit beside the other test processes.
-ENGINE = {"kv_cache_gib": 1.0, "max_model_len": 6144, "enforce_eager": True}
+# Small enough that two engines and the model copies fit beside the other test processes; float32 so
+# that vLLM and transformers can be compared token for token.
+ENGINE = {"kv_cache_gib": 1.0, "max_model_len": 6144, "enforce_eager": True, "dtype": "float32"}
 
 
 def backend_config(**overrides) -> BackendConfig:

@@ -25,7 +25,8 @@ class BackendConfig:
                      "Face directory, or (openai backend) the endpoint's model name.")
     backend: str = doc("vllm", "Generation backend: vllm (in-process), transformers, or openai (HTTP).")
     coevolve_home: Path = doc(default_home(), "Cache folder for converted and generated models ($COEVOLVE_HOME).")
-    dtype: str = doc("float32", "Weights dtype of local backends: float32, bfloat16 or float16.")
+    dtype: str = doc("bfloat16", "Weights dtype of local backends: bfloat16 (3x float32's speed on CPUs "
+                     "with AMX), float32 or float16.")
     seed: int = doc(0, "Seed of the engine and of sampling.")
     max_model_len: int = doc(8192, "Longest sequence (prompt and completion) a local engine accepts, in tokens.")
     enforce_eager: bool = doc(True, "vLLM: skip graph compilation (8 s start here instead of 64 s).")

@@ -71,7 +71,7 @@ def run_eval(backend_config: BackendConfig, config: EvalConfig, limits: EpisodeL
     from tqdm import tqdm
 
     tasks = eval_tasks(config)
-    sampling = SamplingConfig(temperature=0.0, max_new_tokens=config.max_new_tokens, seed=backend_config.seed)
+    sampling = SamplingConfig(temperature=0.0, max_new_tokens=config.max_new_tokens)
     backend = make_backend(backend_config)
     started = time.monotonic()
     try:

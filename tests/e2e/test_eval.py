@@ -37,5 +37,6 @@ def test_coevolve_eval_prints_the_accuracy_and_writes_rescorable_results(tmp_pat
         assert set(entry) >= {"task_id", "success", "score", "turns", "calls"}
         assert len(entry["calls"]) == len(task.turns) and 1 <= entry["turns"] <= len(task.turns)
         assert all(isinstance(c, str) for turn in entry["calls"] for c in turn)
+        assert not (entry["truncated"] or "").startswith("backend error"), entry["truncated"]
         if entry["truncated"] is None:
             assert score_calls(task, entry["calls"][:entry["turns"]])["score"] == entry["score"]

@@ -34,7 +34,7 @@ def test_a_bfcl_episode_runs_to_its_end_and_records_a_valid_trajectory(vllm):
     limits = EpisodeLimits(max_user_turns=1, max_calls_per_turn=4, max_context_tokens=6144)
     episodes = run_episodes([task, task], "bfcl", vllm, sampling, limits)
     for i, episode in enumerate(episodes):
-        assert episode.done and episode.generations >= 1 and episode.turns >= 1
+        assert episode.done and episode.generations >= 1 and episode.turns >= 1 and episode.errors == []
         texts = [m["content"] for m in episode.messages if m["role"] == "assistant"]
         segments = episode.generated_segments()
         assert [vllm.tokenizer.decode(s, skip_special_tokens=True) for s in segments] == texts

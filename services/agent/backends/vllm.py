@@ -36,6 +36,7 @@ class VllmBackend:
         self.version = 0
         self.max_model_len = config.max_model_len
         self.stats = BackendStats(extra={"startup_seconds": time.monotonic() - started})
+        self.seeded = vllm_quirks.request_seeds_supported()
         self._calls = 0
 
     def _params(self, request: Request, sampling: SamplingConfig, seed: int | None, prompt_len: int):
@@ -65,7 +66,8 @@ class VllmBackend:
                                                f"max_model_len={self.max_model_len}", self.version)
                 continue
             prompts.append(TokensPrompt(prompt_token_ids=ids))
-            params.append(self._params(request, sampling, request_seed(sampling, self._calls, i), len(ids)))
+            seed = request_seed(sampling, self._calls, i) if self.seeded and not sampling.greedy else None
+            params.append(self._params(request, sampling, seed, len(ids)))
             slots.append(i)
         if prompts:
             try:
