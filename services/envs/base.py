@@ -99,6 +99,8 @@ class Environment(Protocol):
     """One episode at a time; build one environment per concurrent episode."""
 
     name: str
+    turn: int
+    """Index of the current user turn (equals the number of turns once every turn has ended)."""
 
     def reset(self, task: Task) -> list[Message]:
         """Start an episode: the system prompt with the tool schemas, then the first user turn."""
@@ -108,6 +110,9 @@ class Environment(Protocol):
 
     def verdicts(self) -> list[TurnVerdict]:
         """The verdicts of the turns finished so far."""
+
+    def terminate(self, reason: str) -> StepResult:
+        """End the episode now (a limit of the caller's was hit): this and later turns fail with `reason`."""
 
 
 Policy = Callable[[list[Message]], "str | Sequence[str | Mapping[str, Any]]"]

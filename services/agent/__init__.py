@@ -1,0 +1,1 @@
+"""The agent runtime: models, generation backends, batched multi-turn episodes, evaluation."""

@@ -1,0 +1,90 @@
+"""The one generation interface every backend implements.
+
+A `Request` carries chat messages and, for backends that own the tokenizer, the exact prompt ids
+(token-in); a `Completion` carries the text, the generated ids, the log-probability of each under the
+model (raw logits, as the learner's forward pass computes them), why it stopped, and the policy
+version of the weights that produced it. A failed request comes back as a completion with `error`
+set, never as an exception, so one bad request cannot stop a batch of episodes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+from coevolve.services.agent.config import SamplingConfig
+from coevolve.services.envs.base import Message
+
+
+@dataclass(frozen=True)
+class Request:
+    """One generation: the conversation so far, and its token ids where the backend tokenizes."""
+
+    messages: Sequence[Message] = ()
+    prompt_ids: Sequence[int] | None = None
+    json_schema: dict[str, Any] | None = None
+    """Constrain the text to this JSON schema (structured output)."""
+    max_new_tokens: int | None = None
+    """Overrides the sampling config's limit for this request (an episode near its context limit)."""
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What one request produced."""
+
+    text: str
+    token_ids: tuple[int, ...] = ()
+    logprobs: tuple[float, ...] = ()
+    finish_reason: str = "stop"
+    """`stop` (end of message), `length` (token limit) or `error`."""
+    policy_version: int = 0
+    error: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if self.token_ids and not self.completion_tokens:
+            object.__setattr__(self, "completion_tokens", len(self.token_ids))
+
+    @classmethod
+    def failed(cls, error: str, version: int = 0) -> "Completion":
+        return cls(text="", finish_reason="error", policy_version=version, error=error)
+
+
+@dataclass
+class BackendStats:
+    """Counters a service exports as metrics."""
+
+    requests: int = 0
+    errors: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class Backend(Protocol):
+    """Chat messages (or prompt ids) in, completions out."""
+
+    name: str
+    model: str
+    version: int
+    """Policy version of the current weights; every completion carries it."""
+    tokenizer: Any
+    """The model's tokenizer where generation is token-in, token-out; None for HTTP backends."""
+    stats: BackendStats
+
+    def generate(self, requests: Sequence[Request], sampling: SamplingConfig) -> list[Completion]:
+        """One completion per request, in order; failures come back as `Completion.failed`."""
+
+    def update_weights(self, named_tensors: Any, version: int | None = None) -> int:
+        """Load new weights (name, tensor) pairs; return the new version (the given one or version + 1)."""
+
+    def close(self) -> None:
+        """Release the engine, threads and memory."""
+
+
+def request_seed(sampling: SamplingConfig, call: int, index: int) -> int | None:
+    """A distinct, reproducible seed per request, so K rollouts of one prompt differ."""
+    if sampling.seed is None:
+        return None
+    return (sampling.seed * 1_000_003 + call * 10_007 + index) % (2 ** 31)

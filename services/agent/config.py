@@ -1,0 +1,88 @@
+"""The agent runtime's configuration: which model and backend, how to sample, and episode limits.
+
+Each dataclass loads like every service config (`services.config.load`): defaults, then environment
+(`AGENT_MODEL`, then `MODEL`), then flags. The explorer, validator and learner embed these fields.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from coevolve.services.runtime.config import ConfigError, doc
+
+BACKENDS = ("vllm", "transformers", "openai")
+
+
+def default_home() -> Path:
+    return Path.home() / ".cache" / "coevolve"
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    """Which model answers, through which backend, with which resources."""
+
+    model: str = doc("smollm2-135m-instruct", "Model: smollm2-135m-instruct, tiny-random, a local Hugging "
+                     "Face directory, or (openai backend) the endpoint's model name.")
+    backend: str = doc("vllm", "Generation backend: vllm (in-process), transformers, or openai (HTTP).")
+    coevolve_home: Path = doc(default_home(), "Cache folder for converted and generated models ($COEVOLVE_HOME).")
+    dtype: str = doc("bfloat16", "Weights dtype of local backends: bfloat16 (3x float32's speed on CPUs "
+                     "with AMX), float32 or float16.")
+    seed: int = doc(0, "Seed of the engine and of sampling.")
+    max_model_len: int = doc(8192, "Longest sequence (prompt and completion) a local engine accepts, in tokens.")
+    enforce_eager: bool = doc(True, "vLLM: skip graph compilation (8 s start here instead of 64 s).")
+    kv_cache_gib: float = doc(2.0, "vLLM on CPU: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE).")
+    gpu_memory_utilization: float = doc(0.3, "vLLM on GPU: share of device memory the engine may take.")
+    batch_size: int = doc(16, "transformers: sequences per generate call.")
+    base_url: str = doc("", "openai: the endpoint, e.g. http://127.0.0.1:8000/v1.")
+    api_key_env: str = doc("OPENAI_API_KEY", "openai: environment variable holding the API key (a secret; "
+                           "never a flag, never logged).")
+    request_timeout_s: float = doc(120.0, "openai: timeout of one request, in seconds.")
+    max_retries: int = doc(3, "openai: retries of a failed request, with exponential backoff.")
+    concurrency: int = doc(8, "openai: requests in flight at once.")
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"backend={self.backend!r}: choose one of {', '.join(BACKENDS)}")
+        if self.backend == "openai" and not self.base_url:
+            raise ConfigError("the openai backend needs base_url (--base-url http://HOST:PORT/v1)")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ConfigError(f"dtype={self.dtype!r}: choose float32, bfloat16 or float16")
+        for name in ("max_model_len", "batch_size", "concurrency"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}={getattr(self, name)} must be at least 1")
+        if self.kv_cache_gib <= 0 or not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError("kv_cache_gib must be positive and gpu_memory_utilization in (0, 1]")
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How each generation samples; temperature 0 is greedy."""
+
+    temperature: float = doc(1.0, "Sampling temperature; 0 is greedy.")
+    top_p: float = doc(1.0, "Nucleus sampling mass.")
+    max_new_tokens: int = doc(256, "New tokens per generation.")
+    seed: int | None = doc(None, "Sampling seed; each request derives its own from it. None: unseeded.")
+    stop: tuple[str, ...] = doc((), "Strings that end a generation (kept out of the text).")
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.max_new_tokens < 1:
+            raise ConfigError("temperature must be >= 0, top_p in (0, 1] and max_new_tokens >= 1")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class EpisodeLimits:
+    """Bounds of one multi-turn episode; an episode that hits one ends and says which."""
+
+    max_user_turns: int = doc(10, "User turns played; later turns are not reached.")
+    max_calls_per_turn: int = doc(20, "Tool calls in one user turn.")
+    max_context_tokens: int = doc(8192, "Whole episode length in tokens (prompt, outputs, observations).")
+    max_backend_errors: int = doc(2, "Consecutive failed generations before the episode ends.")
+
+    def __post_init__(self) -> None:
+        for name in ("max_user_turns", "max_calls_per_turn", "max_context_tokens", "max_backend_errors"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}={getattr(self, name)} must be at least 1")
