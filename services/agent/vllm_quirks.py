@@ -17,9 +17,9 @@
   therefore carry no seed on CPU; the engine's seed makes sampling repeatable for the same sequence of
   batches. On GPU each request gets its own seed.
 - **Cores.** On x86 vLLM reserves one core per worker for a scheduler process; in-process there is
-  no such process, so none is reserved (2 cores here: 26 -> 34 generated tokens/s, float32).
-- **dtype.** bfloat16 runs on this CPU's AMX units: 3x float32's generation rate here (34 -> 102
-  tokens/s, 16 BFCL prompts, 64 new tokens); float32 is kept where outputs are compared with torch.
+  no such process, so none is reserved (one timing here, 2 cores: 26 -> 34 generated tokens/s).
+- **dtype.** bfloat16 runs on this CPU's AMX units: about 3x float32's generation rate (one timing
+  here: 34 -> 102 tokens/s, 16 BFCL prompts, 64 new tokens); float32 where outputs are compared.
 - **Structured output** is `SamplingParams(structured_outputs=StructuredOutputsParams(json=schema))`.
   JSON's grammar allows whitespace between tokens, and a small or random model fills it until the
   token limit; the engine-wide `disable_any_whitespace` (xgrammar; the per-request field of the same name
