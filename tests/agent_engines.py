@@ -30,7 +30,7 @@ def model_dir(name: str) -> Path:
 
 @lru_cache(maxsize=None)
 def vllm_backend(name: str = SMOLLM2):
-    from coevolve.services.agent.backends.vllm import VllmBackend
+    from coevolve.services.agent.vllm_backend import VllmBackend
 
     backend = VllmBackend(str(model_dir(name)), backend_config(model=name), model_name=name)
     atexit.register(backend.close)
@@ -39,7 +39,7 @@ def vllm_backend(name: str = SMOLLM2):
 
 @lru_cache(maxsize=None)
 def hf_backend(name: str = SMOLLM2):
-    from coevolve.services.agent.backends.hf import TransformersBackend
+    from coevolve.services.agent.hf_backend import TransformersBackend
 
     return TransformersBackend(str(model_dir(name)), backend_config(model=name, backend="transformers"),
                                model_name=name)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from coevolve.services.agent.backends.base import BackendStats, Completion, Request
+from coevolve.services.agent.generation import BackendStats, Completion, Request
 from coevolve.services.agent.config import SamplingConfig
 from coevolve.services.agent.templates import ChatTemplate
 

@@ -18,7 +18,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from coevolve.services.agent.backends.base import Backend, Completion, Request
+from coevolve.services.agent.generation import Backend, Completion, Request
 from coevolve.services.agent.config import EpisodeLimits, SamplingConfig
 from coevolve.services.agent.templates import ChatTemplate
 from coevolve.services.envs import make_env

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 import jsonschema
 
-from coevolve.services.agent.backends.base import Backend, Request
+from coevolve.services.agent.generation import Backend, Request
 from coevolve.services.agent.config import SamplingConfig
 from coevolve.services.envs.base import Message
 

@@ -8,8 +8,8 @@ import urllib.request
 
 import pytest
 
-from coevolve.services.agent.backends.base import Request
-from coevolve.services.agent.backends.openai_http import OpenAIBackend
+from coevolve.services.agent.generation import Request
+from coevolve.services.agent.openai_backend import OpenAIBackend
 from coevolve.services.agent.config import SamplingConfig
 from coevolve.services.agent.episodes import run_episodes
 from coevolve.services.agent.structured import generate_json

@@ -4,7 +4,7 @@ import math
 import pytest
 
 from coevolve.schemas.codec import default_registry
-from coevolve.services.agent.backends.base import Request
+from coevolve.services.agent.generation import Request
 from coevolve.services.agent.config import EpisodeLimits, SamplingConfig
 from coevolve.services.agent.episodes import run_episodes
 from coevolve.services.agent.structured import generate_json

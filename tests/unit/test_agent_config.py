@@ -5,7 +5,7 @@ import time
 import pytest
 
 from coevolve.services.agent import models
-from coevolve.services.agent.backends.base import request_seed
+from coevolve.services.agent.generation import request_seed
 from coevolve.services.agent.config import BackendConfig, EpisodeLimits, SamplingConfig
 from coevolve.services.runtime.config import ConfigError, load
 

@@ -12,7 +12,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
-from coevolve.services.agent.backends.base import BackendStats, Completion, Request, request_seed
+from coevolve.services.agent.generation import BackendStats, Completion, Request, request_seed
 from coevolve.services.agent.config import BackendConfig, SamplingConfig
 from coevolve.services.agent.templates import chat_messages
 

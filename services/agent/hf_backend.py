@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any, Iterable, Sequence
 
-from coevolve.services.agent.backends.base import BackendStats, Completion, Request, request_seed
+from coevolve.services.agent.generation import BackendStats, Completion, Request, request_seed
 from coevolve.services.agent.config import BackendConfig, SamplingConfig
 from coevolve.services.agent.templates import ChatTemplate
 

@@ -1,22 +1,22 @@
 """Generation backends behind one interface: vLLM in-process, transformers, OpenAI-compatible HTTP."""
 from __future__ import annotations
 
-from coevolve.services.agent.backends.base import Backend, BackendStats, Completion, Request
+from coevolve.services.agent.generation import Backend, BackendStats, Completion, Request
 from coevolve.services.agent.config import BackendConfig
 
 
 def make_backend(config: BackendConfig) -> Backend:
     """The configured backend, with its model resolved (and built on first use) for local ones."""
     if config.backend == "openai":
-        from coevolve.services.agent.backends.openai_http import OpenAIBackend
+        from coevolve.services.agent.openai_backend import OpenAIBackend
         return OpenAIBackend(config)
     from coevolve.services.agent.models import resolve_model
 
     model_dir = str(resolve_model(config.model, config.coevolve_home))
     if config.backend == "vllm":
-        from coevolve.services.agent.backends.vllm import VllmBackend
+        from coevolve.services.agent.vllm_backend import VllmBackend
         return VllmBackend(model_dir, config, model_name=config.model)
-    from coevolve.services.agent.backends.hf import TransformersBackend
+    from coevolve.services.agent.hf_backend import TransformersBackend
     return TransformersBackend(model_dir, config, model_name=config.model)
 
 

@@ -11,7 +11,7 @@ import time
 from typing import Any, Iterable, Sequence
 
 from coevolve.services.agent import vllm_quirks
-from coevolve.services.agent.backends.base import BackendStats, Completion, Request, request_seed
+from coevolve.services.agent.generation import BackendStats, Completion, Request, request_seed
 from coevolve.services.agent.config import BackendConfig, SamplingConfig
 from coevolve.services.agent.templates import ChatTemplate
 
