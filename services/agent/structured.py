@@ -1,19 +1,143 @@
-"""Structured output: a JSON object that satisfies a schema, from any backend.
+"""Structured output: a JSON object that satisfies a schema, from any model answer or backend.
 
-vLLM constrains decoding to the schema and the OpenAI backend asks the server to; transformers cannot,
-so its text is parsed and checked, and the request retried. Every backend's answer is checked the same
-way, so a server that ignores `response_format` is caught too.
+Models wrap JSON in ```json fences, add prose after it, or think aloud first; `extract_json` finds the
+first JSON object in any of those forms without evaluating anything. `parse_structured` checks it with
+`jsonschema` (Draft 2020-12) and an optional semantic check, and returns either the value or a reason
+precise enough to show the model on a retry and, after the last attempt, to record on the dead-letter
+topic. `generate_json` asks a backend in batches: vLLM constrains decoding to the schema and the OpenAI
+backend asks the server to; transformers cannot, so its text is parsed, checked and the request
+retried. Every backend's answer is checked the same way, so a server that ignores `response_format`
+is caught too. Nothing here raises on bad model output.
 """
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
 
 import jsonschema
+from jsonschema import Draft202012Validator
 
-from coevolve.services.agent.generation import Backend, Request
 from coevolve.services.agent.config import SamplingConfig
+from coevolve.services.agent.generation import Backend, Request
 from coevolve.services.envs.base import Message
+
+_THINKING = re.compile(r"<think>.*?</think>", re.DOTALL)
+_FENCE = re.compile(r"```[A-Za-z]*\s*\n(.*?)```", re.DOTALL)
+_MAX_ERRORS = 3
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """A checked JSON object, or the reason there is none."""
+
+    value: dict[str, Any] | None
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.value is not None
+
+
+def clip(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters, marked with "..." when cut (prompts stay bounded)."""
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _snippet(text: str, limit: int = 80) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def extract_json(text: str) -> tuple[Any, str]:
+    """The first JSON value that starts with `{` in `text`: (value, "") or (None, why not)."""
+    text = _THINKING.sub("", text).strip()
+    if not text:
+        return None, "the answer is empty"
+    candidates = [m.group(1).strip() for m in _FENCE.finditer(text)] + [text]
+    decoder = json.JSONDecoder()
+    for candidate in candidates:
+        try:
+            whole = json.loads(candidate)
+        except (ValueError, RecursionError):
+            whole = None
+        if whole is not None and not isinstance(whole, dict):
+            return None, f"expected a JSON object, got a JSON {type(whole).__name__}"
+        for start in (i for i, ch in enumerate(candidate) if ch == "{"):
+            try:
+                value, _ = decoder.raw_decode(candidate, start)
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(value, dict):
+                return value, ""
+    return None, f"no JSON object found in the answer (it begins: {_snippet(text)!r})"
+
+
+def _path(error) -> str:
+    out = "$"
+    for part in error.absolute_path:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out
+
+
+def schema_errors(value: Any, schema: Mapping[str, Any]) -> list[str]:
+    """Every way `value` breaks `schema`, as `at $.path: message`, in document order."""
+    validator = Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(value), key=lambda e: (list(map(str, e.absolute_path)), e.message))
+    return [f"at {_path(e)}: {e.message}" for e in errors]
+
+
+def parse_structured(text: str, schema: Mapping[str, Any],
+                     check: Callable[[dict[str, Any]], str | None] | None = None) -> Parsed:
+    """Parse a model answer against `schema`; `check` adds rules a schema cannot say (returns a reason)."""
+    value, reason = extract_json(text)
+    if value is None:
+        return Parsed(None, reason)
+    errors = schema_errors(value, schema)
+    if errors:
+        more = f" (and {len(errors) - _MAX_ERRORS} more)" if len(errors) > _MAX_ERRORS else ""
+        return Parsed(None, "the JSON does not fit the schema: " + "; ".join(errors[:_MAX_ERRORS]) + more)
+    problem = check(value) if check else None
+    return Parsed(None, problem) if problem else Parsed(value)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The outcome of asking for structured output: the value, or the last reason; every raw answer."""
+
+    value: dict[str, Any] | None
+    reason: str
+    outputs: tuple[str, ...] = field(default=())
+
+    @property
+    def ok(self) -> bool:
+        return self.value is not None
+
+
+def retry_message(reason: str) -> dict[str, str]:
+    """The user message that shows the model why its answer was refused."""
+    return {"role": "user", "content": f"Your answer could not be used: {reason}. Reply again with only "
+                                       "the JSON object that fits the schema, and nothing else."}
+
+
+def ask_structured(generate: Callable[[list[dict[str, Any]]], str], messages: list[dict[str, Any]],
+                   parse: Callable[[str], Parsed], attempts: int) -> Answer:
+    """Ask up to `attempts` times; each refused answer and its reason go back to the model."""
+    if attempts < 1:
+        raise ValueError(f"attempts={attempts} must be at least 1")
+    conversation = list(messages)
+    outputs: list[str] = []
+    reason = ""
+    for _ in range(attempts):
+        text = generate(conversation)
+        outputs.append(text)
+        parsed = parse(text)
+        if parsed.ok:
+            return Answer(parsed.value, "", tuple(outputs))
+        reason = parsed.reason
+        conversation += [{"role": "assistant", "content": text}, retry_message(reason)]
+    return Answer(None, f"no valid answer after {attempts} attempt(s); last: {reason}", tuple(outputs))
 
 
 class StructuredOutputError(ValueError):
@@ -27,19 +151,9 @@ class StructuredOutputError(ValueError):
 
 
 def check_json(text: str, schema: dict[str, Any]) -> tuple[Any, str | None]:
-    """The parsed value and None, or None and why the text is not schema-valid JSON."""
-    body = text.strip()
-    if body.startswith("```"):
-        body = body.strip("`").removeprefix("json").strip()
-    try:
-        value = json.loads(body)
-    except ValueError as exc:
-        return None, f"not JSON ({exc})"
-    try:
-        jsonschema.validate(value, schema)
-    except jsonschema.ValidationError as exc:
-        return None, f"schema violation: {exc.message}"
-    return value, None
+    """The parsed object and None, or None and why the text is not schema-valid JSON."""
+    parsed = parse_structured(text, schema)
+    return (parsed.value, None) if parsed.ok else (None, parsed.reason)
 
 
 def generate_json(backend: Backend, conversations: Sequence[Sequence[Message]], schema: dict[str, Any],

@@ -13,7 +13,7 @@ from typing import Any, Iterable, Mapping
 from coevolve.services.envs import bfcl_data
 from coevolve.services.envs.base import Task
 from coevolve.services.explorer.planning import Cluster
-from coevolve.services.structured import Parsed, clip, parse_structured
+from coevolve.services.agent.structured import Parsed, clip, parse_structured
 
 CONTEXT_SCHEMA: dict[str, Any] = {
     "type": "object",

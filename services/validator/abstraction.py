@@ -21,7 +21,7 @@ from coevolve.services.envs import bfcl_data
 from coevolve.services.envs.base import Task
 from coevolve.services.envs.calls import Call
 from coevolve.services.explorer.random_strategy import is_error_observation
-from coevolve.services.structured import Parsed, clip, parse_structured
+from coevolve.services.agent.structured import Parsed, clip, parse_structured
 
 _STATE_CHARS = 2000
 _OBSERVATION_CHARS = 200

@@ -15,8 +15,8 @@ def test_valid_json_passes_and_fenced_json_is_unwrapped():
     assert check_json('```json\n{"where": "mv", "tries": 2}\n```', SCHEMA)[0] == {"where": "mv", "tries": 2}
 
 
-@pytest.mark.parametrize("text, reason", [("where: mv", "not JSON"), ('{"where": "mv"}', "'tries' is a required"),
-                                          ('{"where": 1, "tries": 2}', "schema violation")])
+@pytest.mark.parametrize("text, reason", [("where: mv", "no JSON object found"), ('{"where": "mv"}', "'tries' is a required"),
+                                          ('{"where": 1, "tries": 2}', "does not fit the schema")])
 def test_invalid_output_says_why(text, reason):
     value, why = check_json(text, SCHEMA)
     assert value is None and reason in why

@@ -1,7 +1,7 @@
 """Structured model output: a JSON object is found in common wrappings, checked, and retried with the reason."""
 import pytest
 
-from coevolve.services.structured import ask_structured, extract_json, parse_structured
+from coevolve.services.agent.structured import ask_structured, extract_json, parse_structured
 
 SCHEMA = {"type": "object", "required": ["a"], "additionalProperties": False,
           "properties": {"a": {"type": "integer"}, "b": {"type": "array", "items": {"type": "string"}}}}
