@@ -1,6 +1,7 @@
 """The `coevolve` command: one Typer app, a subcommand per service or tool."""
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
@@ -135,9 +136,9 @@ def run(
 @app.command()
 def archiver(
     bootstrap: Optional[str] = BootstrapOpt,
-    clickhouse: Optional[str] = typer.Option(None, "--clickhouse", envvar="CLICKHOUSE_URL",
-                                             help="Archive URL: chdb:///abs/dir or a server URL "
-                                             "(default: chdb:///<workdir>/clickhouse)."),
+    clickhouse: Optional[str] = typer.Option(None, "--clickhouse", help="Archive URL: chdb:///abs/dir or a "
+                                             "server URL (default: $ARCHIVER_CLICKHOUSE_URL, then "
+                                             "$CLICKHOUSE_URL, then chdb:///<workdir>/clickhouse)."),
     workdir: Optional[Path] = typer.Option(None, help="Work directory of the embedded archive (.coevolve)."),
     group_id: Optional[str] = typer.Option(None, help="Consumer group id (coevolve-archiver)."),
     batch_size: Optional[int] = typer.Option(None, help="Events per insert batch."),
@@ -147,12 +148,18 @@ def archiver(
 ) -> None:
     """Archive every topic into ClickHouse (tables per event, actions exploded), idempotently."""
     from coevolve.services.archive.archiver import Archiver, ArchiverConfig
+    from coevolve.services.clickhouse.client import ArchiveError
+    from coevolve.services.clickhouse.urls import redact_url
 
     cfg = _load(ArchiverConfig, "archiver", dict(
         kafka_bootstrap=_require(bootstrap), clickhouse_url=clickhouse, workdir=workdir,
         group_id=group_id, batch_size=batch_size, idle_exit_seconds=idle_exit, metrics_port=metrics_port,
         metrics_host=metrics_host))
-    print(f"archived {Archiver(cfg).serve_until_signalled()} events into {cfg.url}", flush=True)
+    try:
+        service = Archiver(cfg)
+    except ArchiveError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--clickhouse") from None
+    print(f"archived {service.serve_until_signalled()} events into {redact_url(cfg.url)}", flush=True)
 
 
 archive_app = typer.Typer(help="The ClickHouse archive: load Avro log files into it.", no_args_is_help=True)
@@ -173,6 +180,7 @@ def archive_import(
     from coevolve.schemas.container import LogFileError
     from coevolve.services.archive.importer import import_files
     from coevolve.services.clickhouse.client import ArchiveError, chdb_url, connect
+    from coevolve.services.clickhouse.urls import redact_url
 
     url = clickhouse or chdb_url(workdir)
     try:
@@ -185,7 +193,7 @@ def archive_import(
         raise typer.BadParameter(str(exc), param_hint="--input") from None
     finally:
         client.close()
-    print(" ".join(f"{name}={n}" for name, n in sorted(counts.items())) + f" into {url}")
+    print(" ".join(f"{name}={n}" for name, n in sorted(counts.items())) + f" into {redact_url(url)}")
 
 
 streams_app = typer.Typer(help="The Faust stream processors that raise weakness signals.", no_args_is_help=True)
@@ -238,7 +246,9 @@ def replay(
     engine: Optional[str] = typer.Option(None, help="python (the reference; the default) or sql (ClickHouse; "
                                          "same signals)."),
     clickhouse: Optional[str] = typer.Option(None, "--clickhouse", help="Replay from the archive at this URL "
-                                             "(chdb:///dir or a server URL) with the SQL engine."),
+                                             "(chdb:///dir or a server URL) with the SQL engine (default, "
+                                             "without --input or --bootstrap: $REPLAY_CLICKHOUSE_URL, then "
+                                             "$CLICKHOUSE_URL)."),
 ) -> None:
     """Recompute signals from the event log with any thresholds; print counts and a diff."""
     from coevolve.services.runtime.config import ConfigError
@@ -246,8 +256,8 @@ def replay(
     from coevolve.streams.replay.config import ReplayConfig
 
     try:
-        cfg = ReplayConfig.of(inputs=tuple(input or ()), bootstrap=bootstrap, clickhouse=clickhouse, window=window,
-                              success_threshold=success_threshold, rare_threshold=rare_threshold,
+        cfg = ReplayConfig.of(os.environ, inputs=tuple(input or ()), bootstrap=bootstrap, clickhouse=clickhouse,
+                              window=window, success_threshold=success_threshold, rare_threshold=rare_threshold,
                               pattern_length=pattern_length, engine=engine, decoder=decoder, workers=workers,
                               evidence=evidence, output=output, publish=publish, compare=compare)
     except ConfigError as exc:

@@ -60,6 +60,7 @@ def archive_and_analyze(bootstrap: str, workdir: Path, idle_s: float = 2.0) -> d
     """Archive everything on the broker into chdb:///<workdir>/clickhouse, then write <workdir>/report/."""
     from coevolve.services.archive.archiver import Archiver, ArchiverConfig
     from coevolve.services.clickhouse.client import connect
+    from coevolve.services.clickhouse.urls import redact_url
 
     cfg = ArchiverConfig(kafka_bootstrap=bootstrap, workdir=workdir, idle_exit_seconds=idle_s, batch_seconds=0.5)
     client = connect(cfg.url, cfg.database)
@@ -68,6 +69,6 @@ def archive_and_analyze(bootstrap: str, workdir: Path, idle_s: float = 2.0) -> d
         text, files = run_analyze(client, workdir / "report", cfg.database)
     finally:
         client.close()
-    print(f"archived {stored} events into {cfg.url}")
+    print(f"archived {stored} events into {redact_url(cfg.url)}")
     print(f"report: {sum(len(f) for f in files.values())} plots in {workdir / 'report'} (index.html)")
     return files

@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 from coevolve.services.archive.rows import COLUMNS, rows_for
 from coevolve.services.clickhouse.client import chdb_url, connect, gc_paused
+from coevolve.services.clickhouse.urls import redact_url
 from coevolve.services.kafka.consumer import EventConsumer
 from coevolve.services.kafka.producer import EventProducer
 from coevolve.services.kafka.topics import CATALOG
@@ -118,7 +119,7 @@ class Archiver(Service):
         self.deadletters = EventProducer(cfg.kafka_bootstrap, client_id="coevolve-archiver")
         self.consumer = EventConsumer(cfg.kafka_bootstrap, cfg.topic_list, group_id=cfg.group_id,
                                       service="archiver", deadletters=self.deadletters)
-        log.info("archiver.started", bootstrap=cfg.kafka_bootstrap, archive=cfg.url, topics=cfg.topic_list)
+        log.info("archiver.started", bootstrap=cfg.kafka_bootstrap, archive=redact_url(cfg.url), topics=cfg.topic_list)
         self.bar = tqdm(desc="archive", unit="event", disable=None, leave=False)
         self.last_event = time.monotonic()
 

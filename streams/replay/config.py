@@ -2,6 +2,7 @@
 where to read, which engine, what to write."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -10,6 +11,8 @@ from coevolve.streams.rules import EvidenceLimits, Thresholds
 
 ENGINES = ("python", "sql")
 DECODERS = ("chdb", "fastavro")
+# Where a Job takes the archive URL from (a Secret), as every service's config: the service's key first.
+CLICKHOUSE_ENV = ("REPLAY_CLICKHOUSE_URL", "CLICKHOUSE_URL")
 
 
 @dataclass(frozen=True)
@@ -19,7 +22,8 @@ class ReplayConfig:
     bootstrap: str | None = doc(None, "Without inputs, read the topics from offset zero; also the broker "
                                 "for publish and a topic to compare with.")
     clickhouse: str | None = doc(None, "Replay from the archive at this URL (chdb:///dir or a server URL); "
-                                 "implies the SQL engine.")
+                                 "implies the SQL engine. Default: $REPLAY_CLICKHOUSE_URL, then "
+                                 "$CLICKHOUSE_URL, when no input or bootstrap is given.")
     database: str = doc("coevolve", "ClickHouse database of the archive.")
     success_threshold: float = doc(Thresholds.success_threshold, "tau: an attempt or rollout succeeds at >= tau.")
     window: int = doc(Thresholds.window, "W: previous attempts forgetting looks back on.")
@@ -41,7 +45,7 @@ class ReplayConfig:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         if not self.inputs and not self.bootstrap and not self.clickhouse:
-            raise ConfigError("give --input PATH, --bootstrap HOST:PORT or --clickhouse URL")
+            raise ConfigError("give --input PATH, --bootstrap HOST:PORT or --clickhouse URL (or set CLICKHOUSE_URL)")
         if self.engine not in ENGINES:
             raise ConfigError(f"--engine {self.engine!r}: choose python or sql")
         if self.decoder not in DECODERS:
@@ -53,10 +57,17 @@ class ReplayConfig:
                               "(the archive)")
 
     @classmethod
-    def of(cls, **flags) -> "ReplayConfig":
-        """The config from command-line flags; a flag left at None takes the field's default."""
+    def of(cls, environ: Mapping[str, str] | None = None, **flags) -> "ReplayConfig":
+        """The config from command-line flags; a flag left at None takes the field's default. With
+        `environ`, the archive URL comes from CLICKHOUSE_ENV when no flag names a source: an explicit
+        --input or --bootstrap is never overridden by the environment."""
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in flags.items() if v is not None and k in names})
+        values = {k: v for k, v in flags.items() if v is not None and k in names}
+        if environ is not None and not (values.get("inputs") or values.get("bootstrap") or values.get("clickhouse")):
+            url = next((environ[key] for key in CLICKHOUSE_ENV if environ.get(key)), None)
+            if url:
+                values["clickhouse"] = url
+        return cls(**values)
 
     @property
     def sql(self) -> bool:

@@ -51,7 +51,8 @@ def new_app(cfg: StreamsConfig) -> faust.App:
     """The Faust app with this broker's settings; /healthz and /metrics are served by the service, not Faust."""
     app = faust.App(
         cfg.app_id, broker=f"kafka://{cfg.kafka_bootstrap}", store="memory://", datadir=str(cfg.datadir),
-        web_enabled=False, topic_partitions=PARTITIONS, table_standby_replicas=0,
+        web_enabled=False, topic_partitions=PARTITIONS, topic_replication_factor=cfg.replication_factor,
+        table_standby_replicas=0,
         consumer_auto_offset_reset="earliest", producer_acks=-1, topic_allow_declare=False,
         producer_max_batch_size=PRODUCER_BATCH_BYTES, producer_linger_ms=2, **FAUST_GROUP_TIMEOUTS_S)
     exact_highwaters(app, cfg.kafka_bootstrap)

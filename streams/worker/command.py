@@ -28,7 +28,8 @@ class StreamsWorker(Service):
     def start(self) -> None:
         """Create the topics the app reads and writes."""
         cfg = self.cfg
-        create_topics(cfg.kafka_bootstrap, list(CATALOG.values()) + list(internal_topics(cfg.app_id).values()))
+        create_topics(cfg.kafka_bootstrap, list(CATALOG.values()) + list(internal_topics(cfg.app_id).values()),
+                      replication_factor=cfg.replication_factor)
         cfg.datadir.mkdir(parents=True, exist_ok=True)
 
     def loop(self) -> None:

@@ -29,6 +29,7 @@ class StreamsConfig:
                                "trajectory of a later step, or after the partition is idle this long.")
     fetch_wait_ms: int = doc(FETCH_MAX_WAIT_MS, "Longest a consumer fetch waits for data at the broker (Faust's "
                              "fixed 1500 is overridden).")
+    replication_factor: int = doc(1, "Replicas of the topics the worker creates (internal and changelog topics).")
     metrics_host: str = doc("127.0.0.1", "Address /healthz and /metrics listen on (0.0.0.0 in a pod).")
     metrics_port: int = doc(6066, "Port of /healthz and /metrics; -1 disables them.")
     datadir: Path = doc(Path(".coevolve/streams"), "Faust's data directory.")
@@ -43,6 +44,8 @@ class StreamsConfig:
             raise ConfigError("batch_size must be >= 1 and batch_within_s > 0")
         if self.grace_s <= 0 or self.tick_s <= 0:
             raise ConfigError("grace_s and tick_s must be positive")
+        if self.replication_factor < 1:
+            raise ConfigError(f"replication_factor={self.replication_factor}: must be >= 1")
 
     def thresholds(self) -> Thresholds:
         return Thresholds(self.success_threshold, self.window, self.rare_threshold, self.pattern_length)

@@ -260,6 +260,26 @@ def test_production_scales_signal_workers_up_to_the_trajectory_partitions():
     assert "replicas" not in find(docs, "Deployment", "streams-worker")["spec"]  # the HPA owns the count
 
 
+@pytest.mark.parametrize("target", OVERLAYS)
+def test_signal_workers_create_topics_with_the_clusters_replication(target):
+    docs = render(target)
+    streams = load(StreamsConfig, "streams", environ=config(docs))
+    brokers = sum(p["spec"]["replicas"] for p in docs
+                  if p["kind"] == "KafkaNodePool" and "broker" in p["spec"]["roles"])
+    kafka_config = next(d for d in docs if d["kind"] == "Kafka")["spec"]["kafka"]["config"]
+    assert streams.replication_factor == brokers
+    assert streams.replication_factor >= kafka_config.get("min.insync.replicas", 1)
+
+
+@pytest.mark.parametrize("job", JOBS)
+def test_jobs_read_the_archive_url_from_the_secret_never_from_their_arguments(job):
+    docs = render(job)
+    for _, c in containers(docs):
+        assert not any("CLICKHOUSE" in arg or arg == "--clickhouse" for arg in c["args"]), c["args"]
+        url = next(v for v in c["env"] if v["name"] == "CLICKHOUSE_URL")
+        assert url["valueFrom"] == {"secretKeyRef": {"name": "coevolve-clickhouse", "key": "url"}}
+
+
 def test_every_job_template_renders_on_its_own():
     assert JOBS and all(any(d["kind"] == "Job" for d in render(job)) for job in JOBS)
 
