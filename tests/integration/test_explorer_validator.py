@@ -39,7 +39,7 @@ def _publish_period(bootstrap: str, run_id: str = "r1", step: int = 4) -> list[s
     return [s["event_id"] for s in signals]
 
 
-def _run(name: str, bootstrap: str, args: list[str], log: Path, timeout: float = 300) -> str:
+def _run(name: str, bootstrap: str, args: list[str], log: Path, timeout: float = 150) -> str:
     """Run `coevolve <name>` until it exits idle; its output."""
     cmd = [str(Path(sys.executable).with_name("coevolve")), name, "--bootstrap", bootstrap, *args,
            "--idle-exit", "4", "--metrics-port", "-1"]
