@@ -367,6 +367,78 @@ def analyze(
     print(text)
 
 
+ModelOpt = typer.Option(None, help="smollm2-135m-instruct (default), tiny-random, a local Hugging Face "
+                        "directory, or the endpoint's model name (openai).")
+BackendOpt = typer.Option(None, help="vllm (default), transformers or openai.")
+BaseUrlOpt = typer.Option(None, help="openai: endpoint URL; the key comes from $OPENAI_API_KEY.")
+GroupOpt = typer.Option(None, help="Consumer group id.")
+IdleOpt = typer.Option(None, help="Stop after this many idle seconds (0: never).")
+MetricsPortOpt = typer.Option(None, help="Port of /healthz and /metrics (-1 disables, 0 picks one).")
+MaxTokensOpt = typer.Option(None, help="New tokens per generation (default 256).")
+
+
+@app.command()
+def explorer(
+    bootstrap: Optional[str] = BootstrapOpt, model: Optional[str] = ModelOpt,
+    backend: Optional[str] = BackendOpt, base_url: Optional[str] = BaseUrlOpt,
+    strategy: Optional[str] = typer.Option(None, help="signal-guided (default) or random."),
+    signal_kinds: Optional[str] = typer.Option(None, help="Kinds explored, comma-separated "
+                                               "(forgetting,boundary,rare)."),
+    signals_per_step: Optional[int] = typer.Option(None, help="Clusters explored per period (4)."),
+    every_steps: Optional[int] = typer.Option(None, help="Training steps per period (1)."),
+    step_window: Optional[float] = typer.Option(None, help="Close a period this many seconds after its "
+                                                "first signal without its StepCompleted (300)."),
+    runs: Optional[int] = typer.Option(None, help="R: exploration runs per cluster (3)."),
+    calls_per_run: Optional[int] = typer.Option(None, help="S: most tool calls per run (8)."),
+    max_new_tokens: Optional[int] = MaxTokensOpt,
+    max_runs_per_period: Optional[int] = typer.Option(None, help="Most runs per period (0: no limit)."),
+    max_tokens_per_period: Optional[int] = typer.Option(None, help="Most tokens per period (0: no limit)."),
+    group_id: Optional[str] = GroupOpt, idle_exit: Optional[float] = IdleOpt,
+    metrics_port: Optional[int] = MetricsPortOpt, metrics_host: Optional[str] = MetricsHostOpt,
+) -> None:
+    """Explore the environment where the signals point; publish ExplorationRecorded events."""
+    from coevolve.services.agent.config import BackendConfig
+    from coevolve.services.explorer.config import ExplorerConfig
+    from coevolve.services.explorer.service import Explorer, ExplorerServiceConfig
+
+    core = _load(ExplorerConfig, "explorer", dict(
+        strategy=strategy, signal_kinds=signal_kinds, signals_per_step=signals_per_step, every_steps=every_steps,
+        step_window_s=step_window, runs=runs, calls_per_run=calls_per_run))
+    backend_cfg = _load(BackendConfig, "explorer", {"model": model, "backend": backend, "base_url": base_url})
+    cfg = _load(ExplorerServiceConfig, "explorer", dict(
+        kafka_bootstrap=_require(bootstrap), group_id=group_id, max_new_tokens=max_new_tokens,
+        max_runs_per_period=max_runs_per_period, max_tokens_per_period=max_tokens_per_period,
+        idle_exit_seconds=idle_exit, metrics_port=metrics_port, metrics_host=metrics_host))
+    print(f"explorer committed {Explorer(cfg, core, backend_cfg).serve_until_signalled()} events", flush=True)
+
+
+@app.command()
+def validator(
+    bootstrap: Optional[str] = BootstrapOpt, model: Optional[str] = ModelOpt,
+    backend: Optional[str] = BackendOpt, base_url: Optional[str] = BaseUrlOpt,
+    no_validation: bool = typer.Option(False, "--no-validation", help="Keep every well-formed task "
+                                       "(the paper's ablation)."),
+    rounds_per_group: Optional[int] = typer.Option(None, help="Exploration rounds of one group (3)."),
+    group_wait: Optional[float] = typer.Option(None, help="Seconds an incomplete group waits (60)."),
+    max_new_tokens: Optional[int] = MaxTokensOpt,
+    group_id: Optional[str] = GroupOpt, idle_exit: Optional[float] = IdleOpt,
+    metrics_port: Optional[int] = MetricsPortOpt, metrics_host: Optional[str] = MetricsHostOpt,
+) -> None:
+    """Abstract explorations into proposed tasks, validate them, publish every verdict as TaskChecked."""
+    from coevolve.services.agent.config import BackendConfig
+    from coevolve.services.validator.config import ValidatorConfig
+    from coevolve.services.validator.service import Validator, ValidatorServiceConfig
+
+    core = _load(ValidatorConfig, "validator", dict(validation=False if no_validation else None,
+                                                    rounds_per_group=rounds_per_group))
+    backend_cfg = _load(BackendConfig, "validator", {"model": model, "backend": backend, "base_url": base_url})
+    cfg = _load(ValidatorServiceConfig, "validator", dict(
+        kafka_bootstrap=_require(bootstrap), group_id=group_id, group_wait_s=group_wait,
+        max_new_tokens=max_new_tokens, idle_exit_seconds=idle_exit, metrics_port=metrics_port,
+        metrics_host=metrics_host))
+    print(f"validator committed {Validator(cfg, core, backend_cfg).serve_until_signalled()} events", flush=True)
+
+
 def main() -> None:
     try:
         app()

@@ -51,3 +51,8 @@ class ExplorationGroups:
         """Incomplete groups opened at least `max_wait_s` ago, by round."""
         keys = [k for k, g in self._open.items() if now - g.opened_at >= max_wait_s]
         return [[g.events[r] for r in sorted(g.events)] for g in (self._open.pop(k) for k in keys)]
+
+    @property
+    def pending(self) -> int:
+        """Explorations held in groups not yet complete."""
+        return sum(len(g.events) for g in self._open.values())

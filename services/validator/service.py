@@ -1,0 +1,149 @@
+"""`coevolve validator`: `ExplorationRecorded` in, one `TaskChecked` per proposed task out (a runtime.Service).
+
+Explorations gather in `ExplorationGroups` (the rounds of one source on one task). A complete group,
+or one that waited `group_wait_s`, is abstracted by the model into a proposed task, which goes through
+the validation stages (`proposing.check_group`). Every verdict is published to `coevolve.tasks`, keyed
+by the task id; a group whose abstraction never parsed goes to the dead-letter topic with the reason.
+Offsets are committed after publishing, and only while no exploration waits in an open group.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from prometheus_client import Counter, Gauge
+
+from coevolve.services.agent.config import BackendConfig, EpisodeLimits, SamplingConfig
+from coevolve.services.kafka.consumer import EventConsumer
+from coevolve.services.kafka.producer import EventProducer
+from coevolve.services.kafka.topics import EXPLORATIONS, TASKS
+from coevolve.services.runtime.config import ConfigError, doc
+from coevolve.services.runtime.service import Service
+from coevolve.services.validator.config import ValidatorConfig
+from coevolve.services.validator.groups import ExplorationGroups
+from coevolve.services.validator.novelty import NoveltyIndex
+from coevolve.services.validator.proposing import Checked, check_group
+
+
+@dataclass(frozen=True)
+class ValidatorServiceConfig:
+    """Broker, group, sampling, agent limits and metrics of the validator service."""
+
+    kafka_bootstrap: str = doc("127.0.0.1:9092", "Kafka bootstrap address HOST:PORT.")
+    group_id: str = doc("coevolve-validator", "Consumer group; its committed offsets are the validator's progress.")
+    group_wait_s: float = doc(60.0, "Abstract an incomplete exploration group after it waited this long.")
+    temperature: float = doc(0.7, "Sampling temperature of abstractions (the dual-pass attempt is greedy).")
+    max_new_tokens: int = doc(256, "New tokens per generation.")
+    attempt_calls_per_turn: int = doc(10, "Most tool calls per user turn in the dual-pass attempt.")
+    idle_exit_seconds: float = doc(0.0, "Stop after this long with nothing to read or check; 0 runs until signalled.")
+    metrics_port: int = doc(-1, "Port of /healthz and /metrics; 0 picks one, -1 disables.")
+    metrics_host: str = doc("127.0.0.1", "Address /healthz and /metrics listen on (0.0.0.0 in a pod).")
+
+    def __post_init__(self) -> None:
+        if self.group_wait_s <= 0 or self.max_new_tokens < 1 or self.attempt_calls_per_turn < 1:
+            raise ConfigError("group_wait_s must be > 0, max_new_tokens and attempt_calls_per_turn >= 1")
+
+
+class Validator(Service):
+    """Group explorations, abstract and validate each group, publish every verdict, then commit."""
+
+    name = "validator"
+
+    def __init__(self, cfg: ValidatorServiceConfig, core: ValidatorConfig, backend_cfg: BackendConfig):
+        super().__init__(cfg)
+        self.core, self.backend_cfg = core, backend_cfg
+        self.groups = ExplorationGroups(core.rounds_per_group)
+        self.sampling = SamplingConfig(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
+                                       seed=backend_cfg.seed)
+        self.limits = EpisodeLimits(max_calls_per_turn=cfg.attempt_calls_per_turn)
+        self.index: NoveltyIndex | None = None
+        self.delivered: dict = {}
+        self.backend = self.consumer = self.producer = None
+        self.uncommitted = 0
+        self.ready: list = []
+        self.last_event = time.monotonic()
+        self.checked = self.validated = 0
+        reg = self.registry
+        self.m_explorations = Counter("validator_explorations_consumed", "ExplorationRecorded events taken "
+                                      "(redeliveries excluded).", registry=reg)
+        self.m_proposed = Counter("validator_tasks_proposed", "Groups the model abstracted into a task.",
+                                  registry=reg)
+        self.m_verdicts = Counter("validator_verdicts", "Verdicts published, by verdict and deciding stage "
+                                  "(the rejecting one; the last one run for a validated task).",
+                                  ["verdict", "stage"], registry=reg)
+        self.m_dead = Counter("validator_dead_letters", "Groups dead-lettered (abstraction unparseable or "
+                              "no seed task).", ["error_type"], registry=reg)
+        self.m_pass_rate = Gauge("validator_pass_rate", "Validated share of the verdicts published so far.",
+                                 registry=reg)
+
+    def details(self) -> dict:
+        return {"pending_explorations": self.groups.pending, "verdicts": self.checked}
+
+    def start(self) -> None:
+        from coevolve.services.agent.backends import make_backend
+        from coevolve.services.envs.bfcl_data import load_tasks
+
+        cfg = self.cfg
+        self.index = NoveltyIndex(load_tasks(split="all"), self.core.similarity_threshold)
+        self.backend = make_backend(self.backend_cfg)
+        self.producer = EventProducer(cfg.kafka_bootstrap, client_id="coevolve-validator")
+        self.consumer = EventConsumer(cfg.kafka_bootstrap, [EXPLORATIONS.name], group_id=cfg.group_id,
+                                      service="validator", deadletters=self.producer)
+        self.log.info("validator.started", bootstrap=cfg.kafka_bootstrap, validation=self.core.validation,
+                      model=self.backend_cfg.model, backend=self.backend_cfg.backend, seeds=len(self.index))
+        self.last_event = time.monotonic()
+
+    def step(self) -> None:
+        """Poll once, group, check the groups that are ready, publish, commit when no group waits."""
+        items = self.consumer.poll(0.5)
+        self.beat()
+        ready = self.ready
+        for item in items:
+            self.delivered[str(item.event["event_id"])] = item
+            group = self.groups.add(item.event, time.monotonic())
+            if group is not None:
+                ready.append(group)
+        self.m_explorations.inc(len(items))
+        ready += self.groups.expire(time.monotonic(), self.cfg.group_wait_s)
+        if items or ready or not self.consumer.assigned():
+            self.last_event = self.last_beat
+        # one group per step, so the consumer polls (and stays in its group) between model calls
+        done, self.ready = ready[:1], ready[1:]
+        results = [check_group(g, self.backend, self.index, self.core, self.sampling, self.limits) for g in done]
+        self.uncommitted += len(items)
+        if self.groups.pending or self.ready:
+            self._publish(done, results)
+        elif self.uncommitted or results:
+            self.settle(lambda: self._publish(done, results), self._commit, self.uncommitted)
+            self.uncommitted = 0
+        idle = time.monotonic() - self.last_event
+        waiting = self.groups.pending or self.ready
+        if self.cfg.idle_exit_seconds and not waiting and idle >= self.cfg.idle_exit_seconds:
+            self.stop()
+
+    def _publish(self, groups: list, results: list[Checked]) -> None:
+        """Send every verdict and dead letter, and wait until the broker has them all."""
+        for group, result in zip(groups, results):
+            if result.record is None:
+                item = self.delivered.get(str(group[0]["event_id"]))
+                if item is not None:
+                    self.consumer.reject(item, result.error_type, result.reason)
+                self.m_dead.labels(result.error_type).inc()
+                continue
+            self.m_proposed.inc()
+            self.producer.send(TASKS.name, result.record, key=result.record["task_id"])
+            verdict = result.verdict
+            self.m_verdicts.labels(result.record["verdict"], verdict.stages[-1].stage).inc()
+            self.checked += 1
+            self.validated += verdict.validated
+            self.m_pass_rate.set(self.validated / self.checked)
+        self.producer.flush()
+
+    def _commit(self) -> None:
+        self.delivered.clear()
+        self.consumer.commit()
+
+    def finish(self) -> None:
+        for closable in (self.consumer, self.producer, self.backend):
+            if closable is not None:
+                closable.close()

@@ -1,0 +1,96 @@
+"""The explorer's per-period work (`exploring.explore_plan`) with a scripted model on the real BFCL env."""
+import json
+
+from coevolve.services.agent.config import EpisodeLimits, SamplingConfig
+from coevolve.services.explorer.config import ExplorerConfig
+from coevolve.services.explorer.exploring import Budget, explore_plan
+from coevolve.services.explorer.planning import SignalBuffer, exploration_id, random_source_id
+from coevolve.services.explorer.service import ExplorerServiceConfig
+from coevolve.services.runtime.config import ConfigError
+from tests.agent_helpers import ScriptedBackend, byte_tokenizer
+from tests.unit.test_explorer_reflection import boundary_signal
+
+import pytest
+
+SAMPLING = SamplingConfig(temperature=0.0, max_new_tokens=400)
+LIMITS = EpisodeLimits(max_context_tokens=100_000)  # the byte tokenizer spends a token per byte
+CONTEXT = {"failure": "mv into a folder that does not exist", "location": {
+    "classes": ["GorillaFileSystem"], "tools": ["mkdir", "mv"], "state": "workspace/document"},
+    "to_try": ["list the folder", "create temp, then move the file"]}
+
+
+def _plan(config, *signals):
+    buffer = SignalBuffer(config)
+    for record in signals:
+        buffer.add(record, now=0.0)
+    (plan,) = buffer.step_completed("r1", 4)
+    return plan
+
+
+def _backend(reflection: str):
+    """Reflections (JSON-schema requests) get `reflection`; exploration turns list files, then stop."""
+    def script(request):
+        if request.json_schema is not None:
+            return reflection
+        return "[ls()]" if request.messages[-1]["role"] == "user" else "Done."
+    return ScriptedBackend(byte_tokenizer(), script)
+
+
+def test_a_guided_period_reflects_then_explores_r_runs_with_deterministic_ids():
+    config = ExplorerConfig(runs=2, calls_per_run=3)
+    plan = _plan(config, boundary_signal("s1"))
+    backend = _backend(json.dumps(CONTEXT))
+    out = explore_plan(plan, backend, config, SAMPLING, Budget(), "scripted", [], LIMITS)
+    assert not out.rejected and out.runs == 2 and out.calls == 2 and out.tokens > 0
+    assert [r["event_id"] for r in out.records] == [exploration_id("s1", 0), exploration_id("s1", 1)]
+    record = out.records[0]
+    assert json.loads(record["context"]) == CONTEXT and record["strategy"] == "signal-guided"
+    assert record["signal_ids"] == ["s1"] and record["task_id"] == "multi_turn_base_0"
+    (item,) = record["tuples"]
+    assert item["name"] == "ls" and not item["observation"].startswith(("Invalid", "Error"))
+    assert "create temp, then move the file" in backend.batches[-1][0].messages[1]["content"]
+
+
+def test_an_answer_that_never_parses_is_rejected_with_the_reason_after_every_attempt():
+    config = ExplorerConfig(runs=2, parse_attempts=3)
+    backend = _backend("The agent should try harder.")
+    out = explore_plan(_plan(config, boundary_signal("s1")), backend, config, SAMPLING, Budget(), "m", [], LIMITS)
+    assert out.records == [] and len(backend.batches) == 3
+    ((cluster, error_type, reason),) = out.rejected
+    assert cluster.signal_ids == ["s1"] and error_type == "unparseable_reflection"
+    assert "no JSON object found" in reason
+
+
+def test_a_context_naming_a_tool_the_task_lacks_is_rejected():
+    bad = {**CONTEXT, "location": {"classes": ["GorillaFileSystem"], "tools": ["teleport"]}}
+    config = ExplorerConfig(runs=1)
+    out = explore_plan(_plan(config, boundary_signal("s1")), _backend(json.dumps(bad)), config, SAMPLING,
+                       Budget(), "m", [], LIMITS)
+    assert out.records == [] and "'teleport', not a tool of this task" in out.rejected[0][2]
+
+
+def test_the_run_budget_skips_the_clusters_it_cannot_afford():
+    config = ExplorerConfig(runs=2, calls_per_run=2, signals_per_step=2)
+    plan = _plan(config, boundary_signal("s1", task_id="multi_turn_base_0"),
+                 boundary_signal("s2", task_id="multi_turn_base_1"))
+    out = explore_plan(plan, _backend(json.dumps(CONTEXT)), config, SAMPLING, Budget(runs=3), "m", [], LIMITS)
+    assert out.runs == 2 and out.over_budget == 1 and len({r["signal_id"] for r in out.records}) == 1
+
+
+def test_the_random_strategy_reads_no_model_and_repeats_its_ids():
+    config = ExplorerConfig(strategy="random", runs=2, calls_per_run=3, signals_per_step=2)
+    plan = _plan(config, boundary_signal("s1"))
+    tasks = ["multi_turn_base_3", "multi_turn_base_5", "multi_turn_base_7"]
+    first = explore_plan(plan, None, config, SAMPLING, Budget(), "", tasks, LIMITS)
+    again = explore_plan(plan, None, config, SAMPLING, Budget(), "", tasks, LIMITS)
+    assert len(first.records) == 4
+    assert [(r["event_id"], r["tuples"]) for r in first.records] == [(r["event_id"], r["tuples"]) for r in again.records]
+    for record in first.records:
+        assert record["strategy"] == "random" and record["signal_id"] is None and record["context"] == ""
+        assert record["task_id"] in tasks and 1 <= len(record["tuples"]) <= 3
+        assert record["event_id"] == exploration_id(random_source_id("r1", 4, record["task_id"]), record["round"])
+
+
+def test_negative_period_limits_are_refused():
+    with pytest.raises(ConfigError, match="period limits"):
+        ExplorerServiceConfig(max_runs_per_period=-1)

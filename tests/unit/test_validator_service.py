@@ -1,0 +1,85 @@
+"""The validator's per-group work (`proposing.check_group`) with a scripted model on the real BFCL env."""
+import json
+
+from coevolve.services.agent.config import EpisodeLimits, SamplingConfig
+from coevolve.services.envs import bfcl_data
+from coevolve.services.explorer.random_strategy import explore_randomly
+from coevolve.services.explorer.records import exploration_record
+from coevolve.services.explorer.planning import Plan
+from coevolve.services.validator.abstraction import synthesized_task_id
+from coevolve.services.validator.config import ValidatorConfig
+from coevolve.services.validator.novelty import NoveltyIndex
+from coevolve.services.validator.proposing import check_group
+from tests.agent_helpers import ScriptedBackend, byte_tokenizer
+
+SAMPLING = SamplingConfig(temperature=0.0, max_new_tokens=400)
+LIMITS = EpisodeLimits(max_context_tokens=100_000)  # the byte tokenizer spends a token per byte
+SEED = bfcl_data.get_task("multi_turn_base_0")
+CALLS = ["cd(folder='document')", "mkdir(dir_name='drafts')"]
+PROPOSAL = {"turns": ["Go into the document folder and make a new folder named drafts there."],
+            "involved_classes": ["GorillaFileSystem"], "initial_state": None, "reference": [CALLS]}
+
+
+def _group():
+    plan = Plan("r1", 2, 2, (), 0, 0, "step")
+    runs = explore_randomly(SEED, runs=2, calls=3, seed=0)
+    return [exploration_record(run, plan.run_id, 2, None, None, "random", "", 1) for run in runs]
+
+
+def _backend(proposal: str, attempt: str):
+    """Abstractions (JSON-schema requests) get `proposal`; the dual-pass agent answers `attempt`, then stops."""
+    def script(request):
+        if request.json_schema is not None:
+            return proposal
+        return attempt if request.messages[-1]["role"] == "user" else "Done."
+    return ScriptedBackend(byte_tokenizer(), script)
+
+
+def _check(backend, index=None, config=ValidatorConfig()):
+    index = index if index is not None else NoveltyIndex([SEED])
+    return check_group(_group(), backend, index, config, SAMPLING, LIMITS), index
+
+
+def test_a_proposal_the_agent_solves_is_validated_and_recorded_with_every_stage():
+    checked, index = _check(_backend(json.dumps(PROPOSAL), "[" + ", ".join(CALLS) + "]"))
+    record = checked.record
+    assert record["verdict"] == "validated" and record["validation_score"] == 1.0
+    assert [s["stage"] for s in record["stages"]] == ["well_formed", "executable", "novel", "dual_pass"]
+    assert record["task_id"] == synthesized_task_id([e["event_id"] for e in _group()])
+    assert record["seed_task_id"] == SEED.task_id and record["source"] == "synthesized"
+    assert len(index) == 2  # the validated task joins the novelty index
+
+
+def test_the_same_task_proposed_again_is_a_duplicate():
+    backend = _backend(json.dumps(PROPOSAL), "[" + ", ".join(CALLS) + "]")
+    _, index = _check(backend)
+    again, _ = _check(backend, index)
+    assert again.record["verdict"] == "rejected" and again.record["stage"] == "novel"
+    assert "duplicate of synthesized_" in again.record["reason"]
+
+
+def test_an_attempt_that_scores_zero_rejects_the_task_at_the_dual_pass():
+    checked, _ = _check(_backend(json.dumps(PROPOSAL), "[ls()]"))
+    assert checked.record["verdict"] == "rejected" and checked.record["stage"] == "dual_pass"
+    assert checked.record["validation_score"] == 0.0
+
+
+def test_a_tool_that_does_not_exist_is_rejected_as_malformed_without_an_attempt():
+    bad = {**PROPOSAL, "reference": [["teleport(to='document')"]]}
+    backend = _backend(json.dumps(bad), "[ls()]")
+    checked, _ = _check(backend)
+    assert checked.record["stage"] == "well_formed" and "'teleport' is not a tool" in checked.record["reason"]
+    assert all(r.json_schema is not None for batch in backend.batches for r in batch)
+
+
+def test_unparseable_abstractions_yield_no_verdict_but_the_reason():
+    backend = _backend("Here is a task: make folders.", "[ls()]")
+    checked, _ = _check(backend, config=ValidatorConfig(parse_attempts=2))
+    assert checked.record is None and checked.error_type == "unparseable_proposal"
+    assert "no JSON object found" in checked.reason and len(backend.batches) == 2
+
+
+def test_without_validation_a_well_formed_task_is_kept_unexecuted():
+    backend = _backend(json.dumps(PROPOSAL), "[ls()]")
+    checked, _ = _check(backend, config=ValidatorConfig(validation=False))
+    assert checked.record["verdict"] == "validated" and [s["stage"] for s in checked.record["stages"]] == ["well_formed"]
