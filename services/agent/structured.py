@@ -3,17 +3,16 @@
 Models wrap JSON in ```json fences, add prose after it, or think aloud first; `extract_json` finds the
 first JSON object in any of those forms without evaluating anything. `parse_structured` checks it with
 `jsonschema` (Draft 2020-12) and an optional semantic check, and returns either the value or a reason
-precise enough to show the model on a retry and, after the last attempt, to record on the dead-letter
-topic. `generate_json` asks a backend in batches: vLLM constrains decoding to the schema and the OpenAI
-backend asks the server to; transformers cannot, so its text is parsed, checked and the request
-retried. Every backend's answer is checked the same way, so a server that ignores `response_format`
-is caught too. Nothing here raises on bad model output.
+precise enough to record on the dead-letter topic. `generate_json` asks a backend in batches: vLLM
+constrains decoding to the schema and the OpenAI backend asks the server to; transformers cannot, so
+its text is parsed, checked and the request sampled again. Every backend's answer is checked the same
+way, so a server that ignores `response_format` is caught too. Nothing here raises on bad model output.
 """
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import jsonschema
@@ -100,44 +99,6 @@ def parse_structured(text: str, schema: Mapping[str, Any],
         return Parsed(None, "the JSON does not fit the schema: " + "; ".join(errors[:_MAX_ERRORS]) + more)
     problem = check(value) if check else None
     return Parsed(None, problem) if problem else Parsed(value)
-
-
-@dataclass(frozen=True)
-class Answer:
-    """The outcome of asking for structured output: the value, or the last reason; every raw answer."""
-
-    value: dict[str, Any] | None
-    reason: str
-    outputs: tuple[str, ...] = field(default=())
-
-    @property
-    def ok(self) -> bool:
-        return self.value is not None
-
-
-def retry_message(reason: str) -> dict[str, str]:
-    """The user message that shows the model why its answer was refused."""
-    return {"role": "user", "content": f"Your answer could not be used: {reason}. Reply again with only "
-                                       "the JSON object that fits the schema, and nothing else."}
-
-
-def ask_structured(generate: Callable[[list[dict[str, Any]]], str], messages: list[dict[str, Any]],
-                   parse: Callable[[str], Parsed], attempts: int) -> Answer:
-    """Ask up to `attempts` times; each refused answer and its reason go back to the model."""
-    if attempts < 1:
-        raise ValueError(f"attempts={attempts} must be at least 1")
-    conversation = list(messages)
-    outputs: list[str] = []
-    reason = ""
-    for _ in range(attempts):
-        text = generate(conversation)
-        outputs.append(text)
-        parsed = parse(text)
-        if parsed.ok:
-            return Answer(parsed.value, "", tuple(outputs))
-        reason = parsed.reason
-        conversation += [{"role": "assistant", "content": text}, retry_message(reason)]
-    return Answer(None, f"no valid answer after {attempts} attempt(s); last: {reason}", tuple(outputs))
 
 
 class StructuredOutputError(ValueError):

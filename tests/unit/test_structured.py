@@ -1,7 +1,7 @@
 """Structured model output: a JSON object is found in common wrappings, checked, and retried with the reason."""
 import pytest
 
-from coevolve.services.agent.structured import ask_structured, extract_json, parse_structured
+from coevolve.services.agent.structured import extract_json, parse_structured
 
 SCHEMA = {"type": "object", "required": ["a"], "additionalProperties": False,
           "properties": {"a": {"type": "integer"}, "b": {"type": "array", "items": {"type": "string"}}}}
@@ -41,26 +41,3 @@ def test_a_semantic_check_runs_after_the_schema():
     parsed = parse_structured('{"a": 5}', SCHEMA, lambda v: "a must be even" if v["a"] % 2 else None)
     assert (parsed.ok, parsed.reason) == (False, "a must be even")
     assert parse_structured('{"a": 4}', SCHEMA, lambda v: None).value == {"a": 4}
-
-
-def test_a_refused_answer_goes_back_with_its_reason_and_the_next_one_is_taken():
-    answers = iter(['{"a": "one"}', 'Here: {"a": 1}'])
-    seen = []
-
-    def generate(messages):
-        seen.append(list(messages))
-        return next(answers)
-
-    answer = ask_structured(generate, [{"role": "user", "content": "give a"}],
-                            lambda t: parse_structured(t, SCHEMA), attempts=3)
-    assert answer.value == {"a": 1} and answer.outputs == ('{"a": "one"}', 'Here: {"a": 1}')
-    assert len(seen[1]) == 3 and seen[1][1] == {"role": "assistant", "content": '{"a": "one"}'}
-    assert "at $.a: 'one' is not of type 'integer'" in seen[1][2]["content"]
-
-
-def test_after_the_last_attempt_the_reason_is_kept_for_the_dead_letter():
-    answer = ask_structured(lambda m: "I cannot do that", [], lambda t: parse_structured(t, SCHEMA), attempts=2)
-    assert not answer.ok and len(answer.outputs) == 2
-    assert answer.reason.startswith("no valid answer after 2 attempt(s); last: no JSON object found")
-    with pytest.raises(ValueError, match="attempts=0"):
-        ask_structured(lambda m: "", [], lambda t: parse_structured(t, SCHEMA), attempts=0)
