@@ -14,6 +14,7 @@ EVENTS = (
     "SignalRaised",
     "ExplorationRecorded",
     "TaskChecked",
+    "EvaluationCompleted",
     "DeadLettered",
 )
 

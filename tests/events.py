@@ -23,7 +23,9 @@ def sample_events() -> dict[str, dict]:
         "StepCompleted": {
             "event_id": eid(), "run_id": "r1", "step": 3, "trajectory_count": 64, "policy_version": 3,
             "train_reward": 0.41, "eval_score": None, "loss": 0.12, "duration_seconds": 7.5,
-            "produced_at": NOW,
+            "pool_size": 120, "pool_synthesized": 7, "zero_variance_groups": 5, "resampled_groups": 2,
+            "tokens_trained": 9000, "rollout_seconds": 4.0, "scoring_seconds": 0.1, "training_seconds": 3.0,
+            "push_seconds": 0.3, "publish_seconds": 0.05, "blocked_seconds": 0.001, "produced_at": NOW,
         },
         "SignalRaised": {
             "event_id": eid(), "kind": "rare", "run_id": "r1", "step": 3, "subject": "mv",
@@ -54,6 +56,12 @@ def sample_events() -> dict[str, dict]:
             "stages": [{"stage": "well_formed", "passed": True, "reason": "2 calls parse"},
                        {"stage": "executable", "passed": False, "reason": "reference call failed"}],
             "seed_task_id": "multi_turn_base_7", "produced_at": NOW,
+        },
+        "EvaluationCompleted": {
+            "event_id": "eval-r1-3-test", "run_id": "r1", "step": 3, "policy_version": 3, "split": "test",
+            "env": "bfcl", "task_count": 2, "success_rate": 0.5, "mean_score": 0.75,
+            "task_ids": ["multi_turn_base_1", "multi_turn_base_2"], "scores": [1.0, 0.5],
+            "duration_seconds": 12.5, "produced_at": NOW,
         },
         "DeadLettered": {
             "event_id": eid(), "source_topic": "coevolve.trajectories", "source_partition": 0,

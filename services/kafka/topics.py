@@ -29,8 +29,10 @@ SIGNALS = Topic("coevolve.signals", "SignalRaised", "task_id or pattern", 4, KEE
 EXPLORATIONS = Topic("coevolve.explorations", "ExplorationRecorded", "task_id", 4, KEEP_FOREVER)
 TASKS = Topic("coevolve.tasks", "TaskChecked", "task_id", 4, {"cleanup.policy": "compact"})
 DEADLETTER = Topic("coevolve.deadletter", "DeadLettered", "source topic", 1, KEEP_FOREVER)
+EVALUATIONS = Topic("coevolve.evaluations", "EvaluationCompleted", "run_id", 1, KEEP_FOREVER)
 
-CATALOG: dict[str, Topic] = {t.name: t for t in (TRAJECTORIES, STEPS, SIGNALS, EXPLORATIONS, TASKS, DEADLETTER)}
+CATALOG: dict[str, Topic] = {t.name: t for t in (TRAJECTORIES, STEPS, SIGNALS, EXPLORATIONS, TASKS, EVALUATIONS,
+                                                         DEADLETTER)}
 
 
 def create_topics(bootstrap: str, topics: list[Topic] | None = None,
