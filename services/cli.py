@@ -118,12 +118,48 @@ def simulate(
 
 @app.command()
 def run(
-    workdir: Path = typer.Option(Path(".coevolve"), help="Where the run keeps its archive and report."),
+    preset: str = typer.Option("demo", help="smoke (CI size, tiny-random), demo (SmolLM2, the default), paper "
+                               "(a GPU cluster's settings), or a YAML file of the same shape."),
+    workdir: Path = typer.Option(Path(".coevolve"), help="Where the run keeps logs, checkpoints, archive, "
+                                 "report and summary.json."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run in --workdir from its last checkpoint."),
+    steps: Optional[int] = typer.Option(None, help="Training steps (the preset's run.steps)."),
+    model: Optional[str] = typer.Option(None, help="Model of the learner, explorer and validator alike."),
+    settings: Optional[list[str]] = typer.Option(None, "--set", help="Override one preset field: "
+                                                 "SECTION.FIELD=VALUE, e.g. --set learner.lr=1e-5 (repeatable)."),
+    run_id: Optional[str] = typer.Option(None, help="Run id of a new run (default: run-<UTC time>-<random>)."),
+    bootstrap: Optional[str] = typer.Option(None, "--bootstrap", help="Use this broker instead of starting "
+                                            "the embedded one."),
+) -> None:
+    """Run the co-evolution loop: learner, signal worker, explorer, validator and archiver, then the report."""
+    from coevolve.services.run.command import run_loop
+    from coevolve.services.run.plan import make_plan
+    from coevolve.services.runtime.config import ConfigError
+
+    overrides = list(settings or [])
+    if steps is not None:
+        overrides.append(f"run.steps={steps}")
+    if model is not None:
+        overrides += [f"{service}.model={model}" for service in ("learner", "explorer", "validator")]
+    try:
+        plan = make_plan(preset, overrides)
+        summary = run_loop(plan, workdir, bootstrap=bootstrap, resume=resume, run_id=run_id)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if summary["state"] == "interrupted":
+        raise typer.Exit(130)
+    if summary["state"] != "completed":
+        raise typer.Exit(1)
+
+
+@app.command()
+def check(
+    workdir: Path = typer.Option(Path(".coevolve-check"), help="Where the check keeps its archive and report."),
     steps: int = typer.Option(12, help="Simulated training steps."),
     bootstrap: Optional[str] = typer.Option(None, "--bootstrap", envvar="KAFKA_BOOTSTRAP",
                                             help="Use this broker instead of starting the embedded one."),
 ) -> None:
-    """Run the loop on the embedded default (today: the data plane on a simulated workload)."""
+    """Check the data plane on a simulated workload: live signals equal `coevolve replay`'s, then archive."""
     from coevolve.services.pipeline import run_pipeline
 
     summary = run_pipeline(workdir, steps, bootstrap=bootstrap)

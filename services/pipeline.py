@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coevolve.services.kafka.consumer import EventConsumer
-from coevolve.services.kafka.embedded import EmbeddedBroker, free_port
+from coevolve.services.kafka.embedded import broker_for, free_port
 from coevolve.services.kafka.topics import CATALOG, SIGNALS, create_topics
 from coevolve.services.runtime.log import get_logger
 from coevolve.services.simulate import SimulationConfig, publish
@@ -34,16 +34,6 @@ class RunSummary:
     @property
     def signals_agree(self) -> bool:
         return not self.missing and not self.unexpected
-
-
-@contextlib.contextmanager
-def broker_for(bootstrap: str | None):
-    """Use the given broker, or start the embedded one for the block."""
-    if bootstrap:
-        yield bootstrap
-        return
-    with EmbeddedBroker() as embedded:
-        yield embedded.bootstrap
 
 
 @contextlib.contextmanager

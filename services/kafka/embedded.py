@@ -5,6 +5,7 @@ the archive (ClickHouse).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -115,3 +116,13 @@ class EmbeddedBroker:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def broker_for(bootstrap: str | None):
+    """Use the given broker, or start the embedded one for the block."""
+    if bootstrap:
+        yield bootstrap
+        return
+    with EmbeddedBroker() as embedded:
+        yield embedded.bootstrap

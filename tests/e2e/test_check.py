@@ -1,4 +1,4 @@
-"""The main job end to end at tiny size: broker, simulated learner, live signals, archive, report."""
+"""`coevolve check` end to end: broker, simulated learner, live signals equal to replay, archive, report."""
 import re
 import subprocess
 import sys
@@ -11,10 +11,10 @@ from coevolve.services.clickhouse.client import chdb_url, connect
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def test_coevolve_run_raises_the_replayed_signals_live_and_archives_them(tmp_path, monkeypatch):
+def test_coevolve_check_raises_the_replayed_signals_live_and_archives_them(tmp_path, monkeypatch):
     monkeypatch.delenv("KAFKA_BOOTSTRAP", raising=False)
     exe = str(Path(sys.executable).with_name("coevolve"))
-    done = subprocess.run([exe, "run", "--workdir", str(tmp_path), "--steps", "4"], capture_output=True,
+    done = subprocess.run([exe, "check", "--workdir", str(tmp_path), "--steps", "4"], capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout

@@ -1,0 +1,1 @@
+"""`coevolve run`: the whole loop on one machine, from a preset."""

@@ -1,0 +1,88 @@
+"""The `coevolve run` command: one session of the loop, its summary and report."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from coevolve.services.kafka.consumer import EventConsumer
+from coevolve.services.kafka.embedded import broker_for
+from coevolve.services.kafka.topics import CATALOG
+from coevolve.services.run import loop, summary as summaries
+from coevolve.services.run.children import ChildFailed
+from coevolve.services.run.plan import Plan
+from coevolve.services.run.tally import Tally
+
+
+def _report(workdir: Path) -> None:
+    from coevolve.services.analytics.report import run_analyze
+    from coevolve.services.clickhouse.client import chdb_url, connect
+
+    client = connect(chdb_url(workdir), create=False)
+    try:
+        _, files = run_analyze(client, workdir / "report")
+    finally:
+        client.close()
+    print(f"report: {sum(len(f) for f in files.values())} plots in {workdir / 'report'} (index.html)", flush=True)
+
+
+def _session(s: loop.Session, tally: Tally, phases: dict[str, float]) -> str:
+    """Start, train, drain; return how the session ended."""
+    printed: set[int] = set()
+    clock = time.monotonic()
+    try:
+        loop.start(s)
+        phases["start"] = time.monotonic() - clock
+        clock = time.monotonic()
+        loop.train(s, tally, printed)
+        phases["train"] = time.monotonic() - clock
+        clock = time.monotonic()
+        drained = loop.drain(s, tally, printed)
+        phases["drain"] = time.monotonic() - clock
+        if not drained:
+            print(f"the loop did not drain within run.drain_timeout_s={s.plan.run.drain_timeout_s:.0f} s; "
+                  "stopping anyway (the summary counts what was published)", flush=True)
+        return "completed" if drained else "drain-timeout"
+    except KeyboardInterrupt:
+        print("interrupted: stopping the learner at its step boundary, then the rest (Ctrl-C again kills)",
+              flush=True)
+        return "interrupted"
+    except ChildFailed as exc:
+        print(f"run failed: {exc}", flush=True)
+        return "failed"
+
+
+def run_loop(plan: Plan, workdir: Path, bootstrap: str | None = None, resume: bool = False,
+             run_id: str | None = None) -> dict:
+    """Run one session of the loop in `workdir`; return the summary (also in summary.json)."""
+    workdir = workdir.resolve()
+    run = loop.resolve_run(workdir, plan, resume, run_id)
+    print(f"run {run} (preset {plan.preset}, {plan.run.steps} steps) in {workdir}", flush=True)
+    tally, phases = Tally(run_id=run), {}
+    with broker_for(bootstrap) as address:
+        s = loop.Session(plan, workdir, run, resume, bootstrap=address)
+        try:
+            state = _session(s, tally, phases)
+        finally:
+            clock = time.monotonic()
+            loop.stop_all(s)
+            if s.children:
+                loop.settle_archive(s)
+            phases["stop"] = time.monotonic() - clock
+            if s.consumer is not None:
+                s.consumer.close()
+        s.consumer = EventConsumer(address, list(CATALOG), service="run")
+        try:  # a fresh read of every topic: the summary counts exactly what is on the broker
+            final = Tally(run_id=run)
+            for item in s.consumer.drain(idle_s=1.0):
+                final.add(item.name, item.event)
+        finally:
+            s.consumer.close()
+    info = {"run_id": run, "preset": plan.preset, "planned_steps": plan.run.steps, "resumed": resume,
+            "broker": bootstrap or "embedded (memory only: a resumed session sees only its own events)"}
+    th = summaries.thresholds(plan.sections.get("streams", {}))
+    doc = summaries.build(final, info, phases, th, state)
+    summaries.write(workdir / "summary.json", doc)
+    print(f"summary: {workdir / 'summary.json'}", flush=True)
+    if (workdir / "clickhouse").exists():
+        _report(workdir)
+    return doc

@@ -1,0 +1,152 @@
+"""`coevolve run`: start the embedded stack, run the learner to its last step, drain the loop, stop.
+
+Order: broker and topics; the signal worker, archiver, validator and explorer; the learner. The
+terminal shows a line per training step, read back from the broker (`Tally`); every service writes its
+JSON log to `<workdir>/logs/`. After the last step the run waits until the worker, explorer and
+validator have consumed everything (their committed offsets reach the end of their topics), stops
+them, lets the archiver catch up, writes `summary.json` and the report. Ctrl-C stops the learner at
+its step boundary (it checkpoints) and then everything else; `--resume` picks the run up.
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from coevolve.services.kafka.consumer import EventConsumer
+from coevolve.services.kafka.topics import (CATALOG, EXPLORATIONS, SIGNALS, STEPS, TRAJECTORIES,
+                                            create_topics)
+from coevolve.services.run.children import Child, ChildFailed, wait_healthy
+from coevolve.services.run.lag import LagProbe
+from coevolve.services.run.plan import Plan
+from coevolve.services.run.tally import Tally
+from coevolve.services.runtime.config import ConfigError
+from coevolve.services.runtime.log import get_logger
+
+log = get_logger("run")
+# Consumer groups that must reach the end of their topics before the run counts as drained.
+DRAIN_GROUPS = {"streams": ("app_id", "coevolve-signals", (TRAJECTORIES.name, STEPS.name)),
+                "explorer": ("group_id", "coevolve-explorer", (SIGNALS.name, STEPS.name)),
+                "validator": ("group_id", "coevolve-validator", (EXPLORATIONS.name,))}
+
+
+@dataclass
+class Session:
+    """One `coevolve run` invocation: its workdir, run id, processes and what it has seen."""
+
+    plan: Plan
+    workdir: Path
+    run_id: str
+    resume: bool
+    bootstrap: str = ""
+    children: dict[str, Child] | None = None
+    consumer: EventConsumer | None = None
+
+    @property
+    def logs(self) -> Path:
+        return self.workdir / "logs"
+
+
+def resolve_run(workdir: Path, plan: Plan, resume: bool, run_id: str | None) -> str:
+    """The run id: a new one, or (with --resume) the one recorded in `<workdir>/run.json`."""
+    record = workdir / "run.json"
+    if resume:
+        if not record.is_file():
+            raise ConfigError(f"--resume: {record} does not exist; start a run in {workdir} first")
+        return json.loads(record.read_text())["run_id"]
+    if record.is_file():
+        raise ConfigError(f"{workdir} already holds run {json.loads(record.read_text())['run_id']}; "
+                          "continue it with --resume, or choose another --workdir")
+    run_id = run_id or f"run-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps({"run_id": run_id, "preset": plan.preset}) + "\n")
+    return run_id
+
+
+def make_children(s: Session) -> dict[str, Child]:
+    """The service processes, each with its preset section as environment variables."""
+    b, w = ["--bootstrap", s.bootstrap], s.workdir
+    learner = ["learner", *b, "--workdir", str(w / "learner"), "--run-id", s.run_id] + (["--resume"] if s.resume else [])
+    commands = {"streams": ["streams", "worker", *b, "--datadir", str(w / "streams")],
+                "archiver": ["archiver", *b, "--workdir", str(w)],
+                "validator": ["validator", *b], "explorer": ["explorer", *b], "learner": learner}
+    return {name: Child(name, args, s.plan.env(name), s.logs / f"{name}.log") for name, args in commands.items()}
+
+
+def follow(s: Session, tally: Tally, printed: set[int]) -> None:
+    """Read what arrived on the broker and print a line per newly completed step."""
+    for item in s.consumer.poll(0.5):
+        tally.add(item.name, item.event)
+    for step in sorted(set(tally.steps) - printed):
+        print(tally.progress_line(step, s.plan.run.steps), flush=True)
+        printed.add(step)
+
+
+def train(s: Session, tally: Tally, printed: set[int]) -> None:
+    """Follow the run until the learner exits; a service that dies ends the run with its log."""
+    learner = s.children["learner"]
+    while learner.exit_code is None:
+        follow(s, tally, printed)
+        for child in s.children.values():
+            if child is not learner and child.exit_code is not None:
+                raise child.failure()
+    if learner.exit_code != 0:
+        raise learner.failure()
+
+
+def drain(s: Session, tally: Tally, printed: set[int]) -> bool:
+    """Wait until the worker, explorer and validator have consumed everything; False on timeout."""
+    probe = LagProbe(s.bootstrap)
+    deadline = time.monotonic() + s.plan.run.drain_timeout_s
+    quiet_since, seen = time.monotonic(), len(tally.seen)
+    try:
+        while time.monotonic() < deadline:
+            follow(s, tally, printed)
+            for name in DRAIN_GROUPS:
+                if s.children[name].exit_code is not None:
+                    raise s.children[name].failure()
+            behind = {name: probe.lag(s.plan.value(name, key, group), list(topics))
+                      for name, (key, group, topics) in DRAIN_GROUPS.items()}
+            if len(tally.seen) != seen or any(behind.values()):
+                quiet_since, seen = time.monotonic(), len(tally.seen)
+                log.info("run.draining", behind=behind)
+            elif time.monotonic() - quiet_since >= s.plan.run.quiet_s:
+                return True
+            time.sleep(1.0)
+        return False
+    finally:
+        probe.close()
+
+
+def settle_archive(s: Session, timeout_s: float = 120.0) -> None:
+    """Let the archiver store everything on the broker, then stop it."""
+    archiver = s.children["archiver"]
+    probe = LagProbe(s.bootstrap)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while archiver.exit_code is None and time.monotonic() < deadline:
+            if probe.lag(s.plan.value("archiver", "group_id", "coevolve-archiver"), list(CATALOG)) == 0:
+                break
+            time.sleep(1.0)
+    finally:
+        probe.close()
+    archiver.stop()
+
+
+def start(s: Session) -> None:
+    create_topics(s.bootstrap)
+    s.consumer = EventConsumer(s.bootstrap, list(CATALOG), service="run")
+    s.children = make_children(s)
+    for name, child in s.children.items():
+        child.start()
+        print(f"started {name:9s} log {child.log_path}", flush=True)
+    wait_healthy(list(s.children.values()), s.plan.run.start_timeout_s)
+    print("every service is up; training", flush=True)
+
+
+def stop_all(s: Session, order: tuple[str, ...] = ("learner", "explorer", "validator", "streams")) -> None:
+    for name in order:
+        if s.children and name in s.children:
+            s.children[name].stop(timeout_s=180.0 if name == "learner" else 60.0)

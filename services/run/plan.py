@@ -1,0 +1,160 @@
+"""A run's plan: a preset YAML, flag overrides, and the environment each service process gets.
+
+A preset has one section per process (`run`, `learner`, `streams`, `explorer`, `validator`,
+`archiver`). Every key of a service section is a field of one of that service's config dataclasses,
+and reaches the process as `<SECTION>_<FIELD>`, the layering every service reads (runtime/config.py).
+Keys are checked against the dataclasses before anything starts, so a typo fails in a second, not
+after a model has loaded.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from coevolve.services.runtime.config import ConfigError, doc, load
+
+# The config dataclasses each service process loads with its section's prefix.
+SERVICE_CONFIGS: dict[str, tuple[str, ...]] = {
+    "learner": ("coevolve.services.learner.settings:LearnerConfig", "coevolve.services.learner.sampler:SamplerConfig",
+                "coevolve.services.learner.config:GRPOConfig", "coevolve.services.agent.config:BackendConfig",
+                "coevolve.services.agent.config:EpisodeLimits", "coevolve.services.agent.config:SamplingConfig"),
+    "streams": ("coevolve.streams.worker.config:StreamsConfig",),
+    "explorer": ("coevolve.services.explorer.config:ExplorerConfig",
+                 "coevolve.services.explorer.service:ExplorerServiceConfig",
+                 "coevolve.services.agent.config:BackendConfig"),
+    "validator": ("coevolve.services.validator.config:ValidatorConfig",
+                  "coevolve.services.validator.service:ValidatorServiceConfig",
+                  "coevolve.services.agent.config:BackendConfig"),
+    "archiver": ("coevolve.services.archive.archiver:ArchiverConfig",),
+}
+# Set by the run itself for every process; a preset may not override them.
+MANAGED = {"kafka_bootstrap", "metrics_port", "metrics_host", "workdir", "datadir", "run_id", "resume"}
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """The orchestrator's own settings (the preset's `run` section)."""
+
+    steps: int = doc(3, "Learner steps; also the learner's `steps`.")
+    start_timeout_s: float = doc(300.0, "Longest wait for every service to report healthy.")
+    drain_timeout_s: float = doc(300.0, "After the last step, longest wait for the signal worker, explorer and "
+                                        "validator to finish what the run produced.")
+    quiet_s: float = doc(5.0, "Drained: nothing new on any topic and every consumer caught up for this long.")
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ConfigError(f"run.steps={self.steps} must be at least 1")
+        if min(self.start_timeout_s, self.drain_timeout_s, self.quiet_s) <= 0:
+            raise ConfigError("run.start_timeout_s, drain_timeout_s and quiet_s must be positive")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to start, with which settings."""
+
+    preset: str
+    run: RunSettings
+    sections: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def env(self, service: str) -> dict[str, str]:
+        """The `<SERVICE>_<FIELD>` variables of one service process."""
+        values = dict(self.sections.get(service, {}))
+        if service == "learner":
+            values["steps"] = self.run.steps
+        return {f"{service.upper()}_{key.upper()}": _text(value) for key, value in values.items()}
+
+    def value(self, service: str, key: str, default: Any = None) -> Any:
+        return self.sections.get(service, {}).get(key, default)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def preset_names() -> list[str]:
+    return sorted(p.name.removesuffix(".yaml") for p in resources.files(__package__).joinpath("presets").iterdir()
+                  if p.name.endswith(".yaml"))
+
+
+def _read(preset: str) -> tuple[str, dict]:
+    import yaml
+
+    path = Path(preset)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise ConfigError(f"preset file {preset!r} does not exist")
+        text, name = path.read_text(), path.stem
+    else:
+        if preset not in preset_names():
+            raise ConfigError(f"unknown preset {preset!r}; choose one of {', '.join(preset_names())} "
+                              "or give a YAML file's path")
+        text, name = resources.files(__package__).joinpath("presets", f"{preset}.yaml").read_text(), preset
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"preset {preset!r} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise ConfigError(f"preset {preset!r} must map section names to mappings of fields")
+    return name, data
+
+
+def _classes(service: str) -> list[type]:
+    return [getattr(importlib.import_module(module), name)
+            for module, name in (spec.split(":") for spec in SERVICE_CONFIGS[service])]
+
+
+def _fields(service: str) -> dict[str, type]:
+    return {f.name: cls for cls in _classes(service) for f in dataclasses.fields(cls)}
+
+
+def _check(section: str, values: dict[str, Any]) -> None:
+    if section == "run":
+        known = {f.name for f in dataclasses.fields(RunSettings)}
+    elif section in SERVICE_CONFIGS:
+        known = set(_fields(section)) - MANAGED
+    else:
+        raise ConfigError(f"unknown section {section!r}; sections are run, {', '.join(SERVICE_CONFIGS)}")
+    for key in values:
+        if key not in known:
+            near = difflib.get_close_matches(key, known, n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            raise ConfigError(f"{section}.{key} is not a setting of the {section}{hint}; "
+                              f"`coevolve {section} --help` lists them")
+
+
+def parse_override(text: str) -> tuple[str, str, Any]:
+    """`section.field=value` (value parsed as YAML: 3, 0.5, true, text)."""
+    import yaml
+
+    target, sep, raw = text.partition("=")
+    section, dot, key = target.strip().partition(".")
+    if not sep or not dot or not section or not key:
+        raise ConfigError(f"--set {text!r}: write SECTION.FIELD=VALUE, e.g. --set learner.lr=1e-5")
+    value = yaml.safe_load(raw) if raw.strip() else ""
+    return section, key.strip(), value
+
+
+def make_plan(preset: str, overrides: list[str] = ()) -> Plan:
+    """Read a preset (a name or a YAML path), apply `--set` overrides, check every key."""
+    name, data = _read(preset)
+    for text in overrides:
+        section, key, value = parse_override(text)
+        data.setdefault(section, {})[key] = value
+    for section, values in data.items():
+        _check(section, values)
+    try:
+        run = RunSettings(**data.pop("run", {}))
+    except TypeError as exc:
+        raise ConfigError(f"preset {name!r}: {exc}") from None
+    plan = Plan(preset=name, run=run, sections=data)
+    for service in SERVICE_CONFIGS:
+        for cls in _classes(service):  # each process would refuse a bad value; refuse it before starting any
+            load(cls, service, environ=plan.env(service))
+    return plan

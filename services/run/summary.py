@@ -1,0 +1,81 @@
+"""`<workdir>/summary.json`: what the run did, read from the events, and why a signal kind stayed silent."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+from coevolve.services.run.tally import STAGE_TIMES, Tally
+from coevolve.streams.rules import Thresholds
+
+
+def thresholds(streams: dict[str, Any]) -> Thresholds:
+    """The signal thresholds the run's worker uses (its preset section over the defaults)."""
+    names = ("success_threshold", "window", "rare_threshold", "pattern_length")
+    return Thresholds(**{k: streams[k] for k in names if k in streams})
+
+
+def silent_reasons(tally: Tally, th: Thresholds) -> dict[str, str]:
+    """For each signal kind that never fired, what in the run's scores and actions explains it."""
+    tau, reasons = th.success_threshold, {}
+    groups = list(tally.scores.values())
+    if not tally.trajectories:
+        return {kind: "no trajectory was published" for kind in ("forgetting", "boundary", "rare")
+                if not tally.signals.get(kind)}
+    top = max((max(g) for g in groups), default=0.0)
+    if not tally.signals.get("boundary"):
+        alike = sum(len(set(g)) == 1 for g in groups)
+        reasons["boundary"] = (f"no task's rollouts at one step scored both >= tau ({tau}) and < tau: {alike} of "
+                               f"{len(groups)} groups scored all alike; the best rollout scored {top:.3f}")
+    if not tally.signals.get("forgetting"):
+        attempts: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        for (task, step), scores in tally.scores.items():
+            attempts[task].append((step, sum(scores) / len(scores)))
+        reached = sum(any(s >= tau for _, s in a) for a in attempts.values())
+        repeated = sum(len(a) > 1 for a in attempts.values())
+        reasons["forgetting"] = (f"no task's attempt fell below tau ({tau}) after one of its previous {th.window} "
+                                 f"attempts reached it: {reached} of {len(attempts)} tasks ever reached tau, "
+                                 f"{repeated} were attempted at more than one step")
+    if not tally.signals.get("rare"):
+        reasons["rare"] = ("no tool call was made in any rollout (the model emitted none that parsed), so no "
+                           "action pattern exists to be rare" if not tally.actions else
+                           f"no action pattern stayed below theta ({th.rare_threshold}%) of a step's "
+                           f"{tally.actions} calls")
+    return reasons
+
+
+def build(tally: Tally, plan_info: dict[str, Any], phases: dict[str, float], th: Thresholds,
+          state: str) -> dict[str, Any]:
+    """The summary document (see README, "coevolve run")."""
+    steps = [tally.steps[s] | {"step": s} for s in sorted(tally.steps)]
+    stage_seconds = {k: round(sum(s.get(f"{k}_seconds") or 0.0 for s in steps), 3) for k in STAGE_TIMES}
+    busy = sum(s.get("duration_seconds") or 0.0 for s in steps)
+    rejected = [v for v in tally.verdicts.values() if v["verdict"] == "rejected"]
+    by_stage = Counter(v["stage"] or "unknown" for v in rejected)
+    reasons = Counter(f"{v['stage'] or 'unknown'}: {v['reason'][:120]}" for v in rejected)
+    return {
+        **plan_info, "state": state, "steps": len(steps), "last_step": tally.last_step,
+        "trajectories": tally.trajectories, "signals": {k: tally.signals.get(k, 0) for k in
+                                                         ("forgetting", "boundary", "rare")},
+        "signals_silent": silent_reasons(tally, th), "thresholds": dataclasses.asdict(th),
+        "explorations": dict(tally.explorations), "tasks_proposed": len(tally.verdicts),
+        "tasks_validated": tally.validated, "tasks_rejected": len(rejected),
+        "rejected_by_stage": dict(by_stage), "rejected_by_reason": dict(reasons.most_common(20)),
+        "pool_size": {s["step"]: s.get("pool_size") for s in steps},
+        "pool_synthesized": {s["step"]: s.get("pool_synthesized") for s in steps},
+        "train_reward": {s["step"]: s.get("train_reward") for s in steps},
+        "loss": {s["step"]: s.get("loss") for s in steps},
+        "evaluations": tally.evaluations, "dead_letters": dict(tally.deadletters),
+        "learner_seconds": {**stage_seconds, "steps": round(busy, 3)},
+        "blocked_share": round(stage_seconds["blocked"] / busy, 6) if busy else None,
+        "wall_seconds": {k: round(v, 3) for k, v in phases.items()},
+        "events": dict(tally.events),
+    }
+
+
+def write(path: Path, summary: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n")
+    tmp.replace(path)

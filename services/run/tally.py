@@ -1,0 +1,101 @@
+"""What the run has produced so far, read back from the broker: the source of progress and summary.
+
+A group-less consumer reads every topic of the catalog from the beginning, so the tally counts
+exactly what is on the broker, whoever published it. Redelivered events (same `event_id`) count once.
+"""
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+STEP_FIELDS = ("trajectory_count", "policy_version", "train_reward", "loss", "duration_seconds", "pool_size",
+               "pool_synthesized", "zero_variance_groups", "resampled_groups", "tokens_trained",
+               "rollout_seconds", "scoring_seconds", "training_seconds", "push_seconds", "publish_seconds",
+               "blocked_seconds", "eval_score")
+STAGE_TIMES = ("rollout", "scoring", "training", "push", "publish", "blocked")
+
+
+@dataclass
+class Tally:
+    """Counts and per-step records of one run (others on the broker are counted apart)."""
+
+    run_id: str | None = None
+    seen: set[str] = field(default_factory=set)
+    events: Counter = field(default_factory=Counter)
+    steps: dict[int, dict[str, Any]] = field(default_factory=dict)
+    signals: Counter = field(default_factory=Counter)
+    explorations: Counter = field(default_factory=Counter)
+    verdicts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    evaluations: list[dict[str, Any]] = field(default_factory=list)
+    deadletters: Counter = field(default_factory=Counter)
+    # Per (task, step): scores, for the why-not of signals that did not fire.
+    scores: dict[tuple[str, int], list[float]] = field(default_factory=lambda: defaultdict(list))
+    actions: int = 0
+    trajectories: int = 0
+    other_runs: Counter = field(default_factory=Counter)
+
+    def add(self, name: str, event: dict[str, Any]) -> bool:
+        """Count one event; False when it was seen already or belongs to another run."""
+        event_id = str(event.get("event_id"))
+        if event_id in self.seen:
+            return False
+        run = event.get("run_id")
+        if self.run_id is not None and run is not None and run != self.run_id and name != "TaskChecked":
+            self.other_runs[name] += 1
+            return False
+        self.seen.add(event_id)
+        self.events[name] += 1
+        handler = getattr(self, f"_on_{name}", None)
+        if handler is not None:
+            handler(event)
+        return True
+
+    def _on_TrajectoryRecorded(self, e: dict) -> None:  # noqa: N802 (event names)
+        self.trajectories += 1
+        self.actions += len(e.get("actions") or [])
+        self.scores[(str(e["task_id"]), int(e["step"]))].append(float(e["score"]))
+
+    def _on_StepCompleted(self, e: dict) -> None:  # noqa: N802
+        self.steps[int(e["step"])] = {k: e.get(k) for k in STEP_FIELDS}
+
+    def _on_SignalRaised(self, e: dict) -> None:  # noqa: N802
+        self.signals[str(e["kind"])] += 1
+
+    def _on_ExplorationRecorded(self, e: dict) -> None:  # noqa: N802
+        self.explorations[str(e.get("strategy") or "signal-guided")] += 1
+
+    def _on_TaskChecked(self, e: dict) -> None:  # noqa: N802
+        if e.get("source") == "synthesized":  # compacted topic: the latest verdict per task stands
+            self.verdicts[str(e["task_id"])] = {"verdict": str(e["verdict"]), "stage": e.get("stage"),
+                                                "reason": str(e.get("reason") or ""), "step": int(e["step"])}
+
+    def _on_EvaluationCompleted(self, e: dict) -> None:  # noqa: N802
+        self.evaluations.append({k: e.get(k) for k in ("step", "split", "task_count", "success_rate", "mean_score",
+                                                       "policy_version", "duration_seconds")})
+
+    def _on_DeadLettered(self, e: dict) -> None:  # noqa: N802
+        self.deadletters[f"{e.get('service')}: {e.get('error_type')}"] += 1
+
+    @property
+    def validated(self) -> int:
+        return sum(v["verdict"] == "validated" for v in self.verdicts.values())
+
+    @property
+    def last_step(self) -> int:
+        return max(self.steps, default=0)
+
+    def progress_line(self, step: int, total: int) -> str:
+        """One terminal line for a completed step."""
+        s = self.steps[step]
+        reward = "-" if s.get("train_reward") is None else f"{s['train_reward']:.3f}"
+        loss = "-" if s.get("loss") is None else f"{s['loss']:+.4f}"
+        signals = " ".join(f"{k[0]}:{self.signals.get(k, 0)}" for k in ("forgetting", "boundary", "rare"))
+        explored = "+".join(f"{n} {k}" for k, n in sorted(self.explorations.items())) or "0"
+        rejected = len(self.verdicts) - self.validated
+        pool = s.get("pool_size")
+        pool_text = "-" if pool is None else f"{pool} ({s.get('pool_synthesized') or 0} new)"
+        times = " ".join(f"{k} {s[f'{k}_seconds']:.1f}s" for k in STAGE_TIMES[:3] if s.get(f"{k}_seconds") is not None)
+        return (f"step {step}/{total}  rollouts {s.get('trajectory_count')}  reward {reward}  loss {loss}  "
+                f"signals {signals}  explorations {explored}  verdicts {self.validated} ok/{rejected} rejected  "
+                f"pool {pool_text}  [{times}]")

@@ -1,0 +1,52 @@
+"""The run's tally of broker events, its progress line, and why silent signal kinds stayed silent."""
+from coevolve.services.run.summary import build, silent_reasons, thresholds
+from coevolve.services.run.tally import Tally
+
+
+def _trajectory(eid, task, step, score, actions=0, run="r1"):
+    return {"event_id": eid, "run_id": run, "task_id": task, "step": step, "score": score,
+            "actions": [{"name": "ls"}] * actions}
+
+
+def test_events_count_once_and_other_runs_apart():
+    tally = Tally(run_id="r1")
+    assert tally.add("TrajectoryRecorded", _trajectory("a", "t1", 1, 0.5))
+    assert not tally.add("TrajectoryRecorded", _trajectory("a", "t1", 1, 0.5))
+    assert not tally.add("TrajectoryRecorded", _trajectory("b", "t1", 1, 0.5, run="r2"))
+    assert tally.trajectories == 1 and tally.other_runs["TrajectoryRecorded"] == 1
+
+
+def test_the_latest_verdict_of_a_task_stands():
+    tally = Tally(run_id="r1")
+    tally.add("TaskChecked", {"event_id": "v1", "task_id": "syn-1", "run_id": "r1", "step": 1,
+                              "source": "synthesized", "verdict": "validated", "stage": None, "reason": "ok"})
+    tally.add("TaskChecked", {"event_id": "v2", "task_id": "syn-1", "run_id": "r1", "step": 2,
+                              "source": "synthesized", "verdict": "rejected", "stage": "novel", "reason": "dup"})
+    assert tally.validated == 0 and len(tally.verdicts) == 1
+
+
+def test_silent_kinds_are_explained_from_the_runs_own_scores_and_actions():
+    tally = Tally(run_id="r1")
+    for i, (task, step, score) in enumerate([("t1", 1, 0.25), ("t1", 1, 0.25), ("t2", 1, 0.0), ("t2", 1, 0.0),
+                                             ("t1", 2, 0.25), ("t1", 2, 0.25)]):
+        tally.add("TrajectoryRecorded", _trajectory(str(i), task, step, score))
+    reasons = silent_reasons(tally, thresholds({"success_threshold": 0.2}))
+    assert set(reasons) == {"forgetting", "boundary", "rare"}
+    assert "3 of 3 groups scored all alike" in reasons["boundary"] and "0.250" in reasons["boundary"]
+    assert "1 of 2 tasks ever reached tau" in reasons["forgetting"]
+    assert "no tool call" in reasons["rare"]
+
+
+def test_a_kind_that_fired_gets_no_excuse_and_the_summary_sums_the_steps():
+    tally = Tally(run_id="r1")
+    tally.add("TrajectoryRecorded", _trajectory("x", "t1", 1, 1.0, actions=3))
+    tally.add("SignalRaised", {"event_id": "s", "run_id": "r1", "kind": "rare"})
+    for step, blocked in ((1, 0.01), (2, 0.03)):
+        tally.add("StepCompleted", {"event_id": f"st{step}", "run_id": "r1", "step": step, "trajectory_count": 1,
+                                    "duration_seconds": 10.0, "blocked_seconds": blocked, "rollout_seconds": 6.0,
+                                    "train_reward": 0.5, "pool_size": 40 + step, "pool_synthesized": step - 1})
+    doc = build(tally, {"run_id": "r1"}, {"train": 20.0}, thresholds({}), "completed")
+    assert "rare" not in doc["signals_silent"] and doc["signals"]["rare"] == 1
+    assert doc["steps"] == 2 and doc["pool_size"] == {1: 41, 2: 42}
+    assert doc["learner_seconds"]["rollout"] == 12.0 and doc["blocked_share"] == 0.002
+    assert "step 2/2" in tally.progress_line(2, 2) and "pool 42 (1 new)" in tally.progress_line(2, 2)
