@@ -64,6 +64,11 @@ class Child:
         return ChildFailed(f"{self.name} exited with code {self.exit_code}; its log is {self.log_path}:\n"
                            f"{self.log_tail()}")
 
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
     def stop(self, timeout_s: float = 60.0) -> int | None:
         """SIGTERM, wait, then SIGKILL; return the exit code."""
         if self.process is None or self.process.poll() is not None:

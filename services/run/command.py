@@ -64,9 +64,14 @@ def run_loop(plan: Plan, workdir: Path, bootstrap: str | None = None, resume: bo
             state = _session(s, tally, phases)
         finally:
             clock = time.monotonic()
-            loop.stop_all(s)
-            if s.children:
-                loop.settle_archive(s)
+            try:
+                loop.stop_all(s)
+                if s.children:
+                    loop.settle_archive(s)
+            except KeyboardInterrupt:  # a second Ctrl-C: no more waiting
+                for child in (s.children or {}).values():
+                    child.kill()
+                raise
             phases["stop"] = time.monotonic() - clock
             if s.consumer is not None:
                 s.consumer.close()
