@@ -11,6 +11,7 @@ from coevolve.services.run import loop, summary as summaries
 from coevolve.services.run.children import ChildFailed
 from coevolve.services.run.plan import Plan
 from coevolve.services.run.tally import Tally
+from coevolve.services.runtime import log as logs
 
 
 def _report(workdir: Path) -> None:
@@ -56,6 +57,7 @@ def run_loop(plan: Plan, workdir: Path, bootstrap: str | None = None, resume: bo
     """Run one session of the loop in `workdir`; return the summary (also in summary.json)."""
     workdir = workdir.resolve()
     run = loop.resolve_run(workdir, plan, resume, run_id)
+    logs.to_file(workdir / "logs" / "run.log")
     print(f"run {run} (preset {plan.preset}, {plan.run.steps} steps) in {workdir}", flush=True)
     tally, phases = Tally(run_id=run), {}
     with broker_for(bootstrap) as address:

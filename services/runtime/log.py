@@ -1,10 +1,11 @@
-"""Structured logs: one JSON object per line on stderr, `event` plus key-value fields."""
+"""Structured logs: one JSON object per line on stderr (or a file), `event` plus key-value fields."""
 from __future__ import annotations
 
 import json
 import logging
 import sys
 import time
+from pathlib import Path
 
 
 class _JsonFormatter(logging.Formatter):
@@ -67,6 +68,19 @@ def configure(level: str = "info") -> None:
     root.addHandler(handler)
     root.propagate = False
     logging.Formatter.converter = time.gmtime
+
+
+def to_file(path: Path) -> None:
+    """Send coevolve's logs to `path` (JSON lines, appended) instead of stderr: a terminal for people."""
+    root = logging.getLogger("coevolve")
+    for handler in [h for h in root.handlers if getattr(h, "_coevolve", False)]:
+        root.removeHandler(handler)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(_JsonFormatter())
+    handler._coevolve = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    root.propagate = False
 
 
 def get_logger(name: str) -> StructuredLogger:

@@ -21,3 +21,21 @@ def test_configure_twice_keeps_one_handler():
     logs.configure("warning")
     handlers = [h for h in logging.getLogger("coevolve").handlers if getattr(h, "_coevolve", False)]
     assert len(handlers) == 1
+
+
+def test_logs_can_go_to_a_file_instead_of_stderr(tmp_path, capsys):
+    from coevolve.services.runtime.log import configure, get_logger, to_file
+
+    configure("info")
+    to_file(tmp_path / "logs" / "run.log")
+    try:
+        get_logger("run").info("run.started", steps=3)
+        line = json.loads((tmp_path / "logs" / "run.log").read_text().splitlines()[-1])
+        assert line["event"] == "run.started" and line["steps"] == 3
+        assert "run.started" not in capsys.readouterr().err
+    finally:  # back to stderr for the tests after this one
+        root = logging.getLogger("coevolve")
+        for handler in [h for h in root.handlers if getattr(h, "_coevolve", False)]:
+            root.removeHandler(handler)
+            handler.close()
+        configure("info")
