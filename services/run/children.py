@@ -49,7 +49,7 @@ class Child:
     def health(self) -> dict | None:
         """The /healthz JSON when the service answers healthy, else None."""
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1.0) as response:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=5.0) as response:
                 return json.loads(response.read() or b"{}")
         except (OSError, ValueError):
             return None

@@ -23,11 +23,14 @@ def serve(port: int, registry: CollectorRegistry, health: Callable[[], tuple[boo
                 code, kind = (200 if ok else 503), "application/json"
             else:
                 body, code, kind = b"not found\n", 404, "text/plain"
-            self.send_response(code)
-            self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            try:
+                self.send_response(code)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the prober gave up (its timeout); it asks again
 
         def log_message(self, *args) -> None:
             pass  # structured logs only
