@@ -146,7 +146,7 @@ def run(
         summary = run_loop(plan, workdir, bootstrap=bootstrap, resume=resume, run_id=run_id)
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from None
-    if summary["state"] == "interrupted":
+    if summary["state"] in ("interrupted", "killed"):
         raise typer.Exit(130)
     if summary["state"] != "completed":
         raise typer.Exit(1)

@@ -52,6 +52,38 @@ def _session(s: loop.Session, tally: Tally, phases: dict[str, float]) -> str:
         return "failed"
 
 
+def _shutdown(s: loop.Session, phases: dict[str, float], state: str) -> str:
+    """Stop the services in order and let the archiver catch up; a second Ctrl-C kills them."""
+    clock = time.monotonic()
+    try:
+        loop.stop_all(s)
+        if s.children:
+            loop.settle_archive(s)
+    except KeyboardInterrupt:
+        for child in (s.children or {}).values():
+            child.kill()
+        state = "killed"
+    finally:
+        phases["stop"] = time.monotonic() - clock
+        if s.consumer is not None:
+            s.consumer.close()
+    return state
+
+
+def _reread(address: str, run: str, fallback: Tally) -> Tally:
+    """A fresh read of every topic, so the summary counts exactly what is on the broker."""
+    consumer = EventConsumer(address, list(CATALOG), service="run")
+    try:
+        final = Tally(run_id=run)
+        for item in consumer.drain(idle_s=1.0):
+            final.add(item.name, item.event)
+        return final
+    except KeyboardInterrupt:
+        return fallback
+    finally:
+        consumer.close()
+
+
 def run_loop(plan: Plan, workdir: Path, bootstrap: str | None = None, resume: bool = False,
              run_id: str | None = None) -> dict:
     """Run one session of the loop in `workdir`; return the summary (also in summary.json)."""
@@ -62,34 +94,15 @@ def run_loop(plan: Plan, workdir: Path, bootstrap: str | None = None, resume: bo
     tally, phases = Tally(run_id=run), {}
     with broker_for(bootstrap) as address:
         s = loop.Session(plan, workdir, run, resume, bootstrap=address)
-        try:
-            state = _session(s, tally, phases)
-        finally:
-            clock = time.monotonic()
-            try:
-                loop.stop_all(s)
-                if s.children:
-                    loop.settle_archive(s)
-            except KeyboardInterrupt:  # a second Ctrl-C: no more waiting
-                for child in (s.children or {}).values():
-                    child.kill()
-                raise
-            phases["stop"] = time.monotonic() - clock
-            if s.consumer is not None:
-                s.consumer.close()
-        s.consumer = EventConsumer(address, list(CATALOG), service="run")
-        try:  # a fresh read of every topic: the summary counts exactly what is on the broker
-            final = Tally(run_id=run)
-            for item in s.consumer.drain(idle_s=1.0):
-                final.add(item.name, item.event)
-        finally:
-            s.consumer.close()
+        state = _session(s, tally, phases)
+        state = _shutdown(s, phases, state)
+        final = tally if state == "killed" else _reread(address, run, tally)
     info = {"run_id": run, "preset": plan.preset, "planned_steps": plan.run.steps, "resumed": resume,
             "broker": bootstrap or "embedded (memory only: a resumed session sees only its own events)"}
     th = summaries.thresholds(plan.sections.get("streams", {}))
     doc = summaries.build(final, info, phases, th, state)
     summaries.write(workdir / "summary.json", doc)
-    print(f"summary: {workdir / 'summary.json'}", flush=True)
-    if (workdir / "clickhouse").exists():
+    print(f"summary: {workdir / 'summary.json'} ({state})", flush=True)
+    if state != "killed" and (workdir / "clickhouse").exists():
         _report(workdir)
     return doc
