@@ -12,14 +12,12 @@ take the current schema's defaults, as Avro resolution gives them to the archive
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import fastavro
 
-from coevolve.schemas.codec import SCHEMA_DIR
 from coevolve.schemas.container import LogFileError, log_paths, record_name
-from coevolve.services.archive.rows import COLUMNS, ORIGIN, TABLE_OF
+from coevolve.services.archive.rows import COLUMNS, ORIGIN, TABLE_OF, schema_defaults
 from coevolve.services.clickhouse.sql import literal, quote_path
 
 # Columns that are not the event field of the same name: Avro enums as text, a trajectory's action names.
@@ -47,8 +45,7 @@ def _default_sql(value) -> str:
 
 def _defaults(name: str) -> dict[str, str]:
     """The current schema's field defaults, as SQL."""
-    fields = json.loads((SCHEMA_DIR / f"{name}.avsc").read_text())["fields"]
-    return {f["name"]: _default_sql(f["default"]) for f in fields if "default" in f}
+    return {field: _default_sql(value) for field, value in schema_defaults(name).items()}
 
 
 def _file_fields(path: Path) -> set[str]:

@@ -1,12 +1,16 @@
 """Map decoded events to archive rows: one table per event, a trajectory's actions exploded.
 
-Pure functions over plain dicts, so the archiver and the tests share one mapping.
+Pure functions over plain dicts, so the archiver and the tests share one mapping. A decoded event has
+every field; a field missing from an event built in code (the simulator's, before encoding) takes its
+schema default, as decoding would give it.
 """
 from __future__ import annotations
 
 import base64
 import json
 from collections.abc import Callable
+
+from coevolve.schemas.codec import SCHEMA_DIR
 
 ORIGIN = ["log_partition", "log_offset"]
 
@@ -43,8 +47,22 @@ _FIELDS = {table: cols[:-len(ORIGIN)] for table, cols in COLUMNS.items() if cols
 _TRAJECTORY_FIELDS = COLUMNS["trajectories"][:-3]
 
 
+def schema_defaults(name: str) -> dict:
+    """The fields of an event's current schema that have a default, with it."""
+    fields = json.loads((SCHEMA_DIR / f"{name}.avsc").read_text())["fields"]
+    return {f["name"]: f["default"] for f in fields if "default" in f}
+
+
+_DEFAULTS = {table: schema_defaults(name) for name, table in TABLE_OF.items()}
+_MISSING = object()
+
+
 def _plain(event: dict, table: str) -> list:
-    return [event[c] for c in _FIELDS[table]]
+    row = [event.get(c, _MISSING) for c in _FIELDS[table]]
+    if any(v is _MISSING for v in row):
+        defaults = _DEFAULTS[table]
+        row = [defaults[c] if v is _MISSING else v for c, v in zip(_FIELDS[table], row)]
+    return row
 
 
 def _trajectory(event: dict) -> list:
@@ -72,7 +90,8 @@ def _exploration(event: dict) -> list:
 
 def _task(event: dict) -> list:
     row = _plain(event, "tasks")
-    row[COLUMNS["tasks"].index("stages")] = [(s["stage"], s["passed"], s["reason"]) for s in event["stages"]]
+    at = COLUMNS["tasks"].index("stages")
+    row[at] = [(s["stage"], s["passed"], s["reason"]) for s in row[at]]
     return row
 
 

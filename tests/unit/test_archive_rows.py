@@ -51,6 +51,19 @@ def test_new_fields_are_stored():
     assert evaluation["scores"] == [1.0, 0.5] and evaluation["split"] == "test"
 
 
+def test_fields_missing_from_an_unencoded_event_take_their_schema_defaults():
+    v1_step = {k: v for k, v in sample_events()["StepCompleted"].items() if not k.endswith("_seconds")
+               and k not in ("pool_size", "tokens_trained", "policy_version")}
+    step = dict(zip(COLUMNS["steps"], rows_for("StepCompleted", v1_step, 0, 0)["steps"][0]))
+    assert step["blocked_seconds"] is None and step["pool_size"] is None and step["policy_version"] == 0
+    assert step["pool_synthesized"] == 7
+    task = {k: v for k, v in sample_events()["TaskChecked"].items() if k not in ("stage", "stages", "seed_task_id")}
+    row = dict(zip(COLUMNS["tasks"], rows_for("TaskChecked", task, 0, 0)["tasks"][0]))
+    assert (row["stage"], row["stages"], row["seed_task_id"]) == (None, [], None)
+    with pytest.raises(KeyError, match="run_id"):  # a field without a default is required
+        rows_for("StepCompleted", {k: v for k, v in v1_step.items() if k != "run_id"}, 0, 0)
+
+
 def test_sql_literals_of_avro_defaults():
     assert [_default_sql(v) for v in (None, [], "signal-guided", 0, True, 1.5)] == \
         ["NULL", "[]", "'signal-guided'", "0", "true", "1.5"]
