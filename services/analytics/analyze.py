@@ -6,35 +6,23 @@ does not hold comes back empty with a note saying which events it needs.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from coevolve.services.analytics.loop import loop_views
+from coevolve.services.analytics.view import View, query_rows
 
 STAGES = 3  # the paper reports validation pass rate over three stages of training
 
 
-@dataclass
-class View:
-    name: str
-    title: str
-    columns: list[str]
-    rows: list[list] = field(default_factory=list)
-    note: str = ""
-
-    def as_json(self) -> dict:
-        return {"title": self.title, "columns": self.columns, "rows": self.rows, "note": self.note}
-
-
-def _rows(client, sql: str, params: dict) -> list[list]:
-    return [list(r) for r in client.query(sql, parameters=params).result_rows]
-
-
 def runs(client, db: str) -> list[str]:
-    return [r[0] for r in client.query(f"SELECT DISTINCT run_id FROM {db}.trajectories FINAL ORDER BY run_id").result_rows]
+    """Every run that trained: one with trajectories, steps or evaluations archived."""
+    return [r[0] for r in client.query(f"""SELECT DISTINCT run_id FROM (
+        SELECT run_id FROM {db}.trajectories UNION ALL SELECT run_id FROM {db}.steps
+        UNION ALL SELECT run_id FROM {db}.evaluations) ORDER BY run_id""").result_rows]
 
 
 def signals_per_step(client, db: str, p: dict, replayed: list | None = None) -> View:
     """Signals raised per step, by kind: archived SignalRaised events, else an SQL replay of the run."""
     view = View("signals_per_step", "Signals raised per step, by type", ["run_id", "step", "kind", "signals"])
-    view.rows = _rows(client, f"""SELECT run_id, step, kind, count() FROM {db}.signals FINAL
+    view.rows = query_rows(client, f"""SELECT run_id, step, kind, count() FROM {db}.signals FINAL
         WHERE run_id IN {{runs:Array(String)}} GROUP BY run_id, step, kind ORDER BY run_id, step, kind""", p)
     if not view.rows and replayed:
         counts: dict[tuple, int] = {}
@@ -50,10 +38,10 @@ def signals_per_step(client, db: str, p: dict, replayed: list | None = None) -> 
 def validation_pass_rate(client, db: str, p: dict) -> tuple[View, View]:
     """Share of synthesized tasks validated, per step and per stage (thirds of the run's steps)."""
     per_step = View("validation_per_step", "Validation pass rate per step", ["run_id", "step", "checked", "pass_rate"])
-    per_step.rows = _rows(client, f"""SELECT run_id, step, count(), avg(verdict = 'validated') FROM {db}.tasks FINAL
-        WHERE run_id IN {{runs:Array(String)}} GROUP BY run_id, step ORDER BY run_id, step""", p)
+    per_step.rows = query_rows(client, f"""SELECT run_id, step, count(), avg(verdict = 'validated')
+        FROM {db}.tasks FINAL WHERE run_id IN {{runs:Array(String)}} GROUP BY run_id, step ORDER BY run_id, step""", p)
     stages = View("validation_per_stage", "Validation pass rate per stage", ["run_id", "stage", "steps", "checked", "pass_rate"])
-    stages.rows = _rows(client, f"""
+    stages.rows = query_rows(client, f"""
         WITH bounds AS (SELECT run_id, min(step) AS lo, max(step) AS hi FROM {db}.tasks FINAL GROUP BY run_id)
         SELECT t.run_id, least(intDiv((t.step - b.lo) * {STAGES}, b.hi - b.lo + 1), {STAGES - 1}) + 1 AS stage,
                concat(toString(min(t.step)), '-', toString(max(t.step))), count(), avg(t.verdict = 'validated')
@@ -67,7 +55,7 @@ def validation_pass_rate(client, db: str, p: dict) -> tuple[View, View]:
 def turn_distribution(client, db: str, p: dict) -> View:
     """Interaction turns per task: seed tasks (as trained) versus validated synthesized tasks."""
     view = View("turns", "Interaction turns of seed versus synthesized tasks", ["source", "turns", "tasks"])
-    view.rows = _rows(client, f"""
+    view.rows = query_rows(client, f"""
         SELECT source, turns, count() FROM (
             SELECT task_id, 'seed' AS source, toInt64(max(turn_count)) AS turns FROM {db}.trajectories FINAL
             WHERE run_id IN {{runs:Array(String)}} AND task_source = 'seed' GROUP BY task_id
@@ -84,7 +72,7 @@ def turn_distribution(client, db: str, p: dict) -> View:
 def reward_and_eval(client, db: str, p: dict) -> View:
     view = View("reward_eval", "Training reward and evaluation score per step",
                 ["run_id", "step", "train_reward", "eval_score"])
-    view.rows = _rows(client, f"""SELECT run_id, step, any(train_reward), any(eval_score) FROM {db}.steps FINAL
+    view.rows = query_rows(client, f"""SELECT run_id, step, any(train_reward), any(eval_score) FROM {db}.steps FINAL
         WHERE run_id IN {{runs:Array(String)}} GROUP BY run_id, step ORDER BY run_id, step""", p)
     if not view.rows:
         view.note = "no StepCompleted events archived for these runs"
@@ -94,7 +82,7 @@ def reward_and_eval(client, db: str, p: dict) -> View:
 def task_success(client, db: str, p: dict, tasks: int = 40) -> View:
     """Mean rollout score per (task, step), for the most-trained tasks."""
     view = View("task_success", "Per-task success over steps", ["run_id", "task_id", "step", "score"])
-    view.rows = _rows(client, f"""
+    view.rows = query_rows(client, f"""
         WITH top AS (SELECT task_id FROM {db}.trajectories FINAL WHERE run_id IN {{runs:Array(String)}}
                      GROUP BY task_id ORDER BY uniqExact(step) DESC, task_id LIMIT {int(tasks)})
         SELECT run_id, task_id, step, avg(score) FROM {db}.trajectories FINAL
@@ -104,7 +92,7 @@ def task_success(client, db: str, p: dict, tasks: int = 40) -> View:
 
 
 def forgetting_marks(client, db: str, p: dict, replayed: list | None = None) -> list[list]:
-    rows = _rows(client, f"""SELECT run_id, task_id, step FROM {db}.signals FINAL
+    rows = query_rows(client, f"""SELECT run_id, task_id, step FROM {db}.signals FINAL
         WHERE kind = 'forgetting' AND run_id IN {{runs:Array(String)}} ORDER BY run_id, task_id, step""", p)
     if not rows and replayed:
         rows = sorted([s.run_id, s.task_id, s.step] for s in replayed if s.kind == "forgetting")
@@ -115,7 +103,7 @@ def rare_patterns(client, db: str, p: dict, top: int = 8) -> View:
     """The rarest tool calls over the run, and their share of all calls at each step (0 where unused)."""
     view = View("rare_patterns", "Rarest action patterns: share of calls per step",
                 ["run_id", "pattern", "step", "count", "share"])
-    view.rows = _rows(client, f"""
+    view.rows = query_rows(client, f"""
         WITH per AS (SELECT run_id, step, name, count() AS c FROM {db}.actions FINAL
                      WHERE run_id IN {{runs:Array(String)}} GROUP BY run_id, step, name),
              rarest AS (SELECT name FROM per GROUP BY name ORDER BY sum(c), name LIMIT {int(top)}),
@@ -138,6 +126,6 @@ def analyze(client, db: str = "coevolve", run_ids: list[str] | None = None, repl
         "runs": p["runs"],
         "views": {v.name: v for v in (
             signals_per_step(client, db, p, replayed), per_step, stages, turn_distribution(client, db, p),
-            reward_and_eval(client, db, p), heat, rare_patterns(client, db, p))},
+            reward_and_eval(client, db, p), heat, rare_patterns(client, db, p), *loop_views(client, db, p))},
         "forgetting": forgetting_marks(client, db, p, replayed),
     }

@@ -149,17 +149,37 @@ def draw_all(result: dict, out: Path) -> dict[str, list[Path]]:
     return files
 
 
+# Views whose numbers the page also shows as a table (the rest are read from their plot or `--json`).
+HTML_TABLES = ("validation_per_stage", "evaluation", "pool", "time_share", "verdicts", "stage_funnel")
+HTML_ROWS = 30
+
+
+def _cell(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return html.escape("" if value is None else str(value))
+
+
+def html_table(view, limit: int = HTML_ROWS) -> str:
+    """The view's first `limit` rows as an HTML table, with how many more there are."""
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in view.columns)
+    body = "".join("<tr>" + "".join(f"<td>{_cell(c)}</td>" for c in row) + "</tr>" for row in view.rows[:limit])
+    more = f"<p>... {len(view.rows) - limit} more rows (<code>coevolve analyze --json</code>)</p>" \
+        if len(view.rows) > limit else ""
+    return f"<table border='1' cellpadding='3' style='border-collapse:collapse'><tr>{head}</tr>{body}</table>{more}"
+
+
 def write_html(result: dict, files: dict[str, list[Path]], out: Path) -> Path:
     parts = [f"<html><head><meta charset='utf-8'><title>CoEvolve report</title></head><body>",
              f"<h1>CoEvolve training dynamics</h1><p>runs: {html.escape(', '.join(result['runs']))}</p>"]
     for name, view in result["views"].items():
-        if name == "validation_per_stage":
-            continue
-        parts.append(f"<h2>{html.escape(view.title)}</h2>")
+        parts.append(f"<h2 id='{html.escape(name)}'>{html.escape(view.title)}</h2>")
         if view.note:
             parts.append(f"<p><em>{html.escape(view.note)}</em></p>")
         for f in files.get(name, []):
             parts.append(f"<img src='{html.escape(f.name)}' style='max-width:100%'>")
+        if name in HTML_TABLES and view.rows:
+            parts.append(html_table(view))
     parts.append("</body></html>")
     path = out / "index.html"
     path.write_text("\n".join(parts))

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from coevolve.services.analytics.analyze import analyze
 from coevolve.services.analytics.plots import draw_all, write_html
+from coevolve.services.analytics.plots_loop import draw_loop
 from coevolve.services.runtime.log import get_logger
 
 log = get_logger("analyze")
@@ -43,7 +44,7 @@ def run_analyze(client, out: Path, database: str = "coevolve", run_ids: list[str
                 as_json: bool = False) -> tuple[str, dict]:
     """Compute every view, write the plots and index.html to `out`; return (text, files by view)."""
     result = analyze(client, database, run_ids, _replay_if_no_signals(client, database))
-    files = draw_all(result, out)
+    files = {**draw_all(result, out), **draw_loop(result["views"], out)}
     page = write_html(result, files, out)
     log.info("analyze.written", report=str(out), plots=sum(len(f) for f in files.values()))
     if as_json:

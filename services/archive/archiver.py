@@ -4,6 +4,10 @@ Each poll's events are added to a batch; a full (or old enough) batch is inserte
 only then are the consumer offsets committed. A crash between insert and commit makes the group
 re-deliver the batch, whose rows collapse into the stored ones by `event_id` (ReplacingMergeTree), so
 nothing is lost and nothing counts twice.
+
+An event that decodes but has no archive table (a schema added to schemas/ without a mapping in
+rows.py and a migration) is sent to the dead-letter topic with the reason, in the same batch: its
+offset is committed only once the dead letter is confirmed, so it is neither dropped nor a crash.
 """
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from pathlib import Path
 from prometheus_client import Counter, Gauge, Histogram
 from tqdm import tqdm
 
-from coevolve.services.archive.rows import COLUMNS, rows_for
+from coevolve.services.archive.rows import COLUMNS, archivable, rows_for
 from coevolve.services.clickhouse.client import chdb_url, connect, gc_paused
 from coevolve.services.clickhouse.urls import redact_url
 from coevolve.services.kafka.consumer import EventConsumer
@@ -67,11 +71,15 @@ class RowBatch:
         self.started = 0.0
 
     def add(self, name: str, event: dict, partition: int, offset: int) -> None:
+        self.count()
+        for table, rows in rows_for(name, event, partition, offset).items():
+            self.rows.setdefault(table, []).extend(rows)
+
+    def count(self) -> None:
+        """Count one polled event (stored or dead-lettered): its offset is committed with the batch."""
         if not self.events:
             self.started = time.monotonic()
         self.events += 1
-        for table, rows in rows_for(name, event, partition, offset).items():
-            self.rows.setdefault(table, []).extend(rows)
 
 
 class Archiver(Service):
@@ -79,14 +87,15 @@ class Archiver(Service):
 
     name = "archiver"
 
-    def __init__(self, config: ArchiverConfig, client=None):
+    def __init__(self, config: ArchiverConfig, client=None, schemas=None):
         super().__init__(config)
+        self.schemas = schemas  # the SchemaRegistry to decode with (default: schemas/)
         self.client = client if client is not None else connect(config.url, config.database)
         self._owns_client = client is None
         self.m_rows = Counter("archiver_rows", "Rows inserted, by table.", ["table"], registry=self.registry)
         self.m_batch = Histogram("archiver_batch_seconds", "Insert time of one batch.", registry=self.registry)
-        self.m_dead = Gauge("archiver_dead_lettered", "Undecodable messages sent to the dead-letter topic.",
-                            registry=self.registry)
+        self.m_dead = Gauge("archiver_dead_lettered", "Messages sent to the dead-letter topic: undecodable, "
+                            "or an event with no archive table.", registry=self.registry)
         self.consumer = self.deadletters = self.bar = None
         self.batch = RowBatch()
         self.last_event = time.monotonic()
@@ -118,7 +127,7 @@ class Archiver(Service):
         cfg = self.cfg
         self.deadletters = EventProducer(cfg.kafka_bootstrap, client_id="coevolve-archiver")
         self.consumer = EventConsumer(cfg.kafka_bootstrap, cfg.topic_list, group_id=cfg.group_id,
-                                      service="archiver", deadletters=self.deadletters)
+                                      service="archiver", deadletters=self.deadletters, registry=self.schemas)
         log.info("archiver.started", bootstrap=cfg.kafka_bootstrap, archive=redact_url(cfg.url), topics=cfg.topic_list)
         self.bar = tqdm(desc="archive", unit="event", disable=None, leave=False)
         self.last_event = time.monotonic()
@@ -130,7 +139,12 @@ class Archiver(Service):
         self.beat()
         with gc_paused():
             for item in items:
-                batch.add(item.name, item.event, item.partition, item.offset)
+                if archivable(item.name):
+                    batch.add(item.name, item.event, item.partition, item.offset)
+                else:
+                    self.consumer.reject(item, "unarchivable", f"no archive table for {item.name} events; add "
+                                         "its mapping to services/archive/rows.py and a migration")
+                    batch.count()
         if items or not self.consumer.assigned():
             self.last_event = self.last_beat  # idle time counts from the group join on
         if batch.events and (batch.events >= cfg.batch_size or self.last_beat - batch.started >= cfg.batch_seconds):

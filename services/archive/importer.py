@@ -6,43 +6,82 @@ log_partition -1 and the record index as offset. Importing a file again re-inser
 which collapse into the stored ones by event_id (ReplacingMergeTree, read with FINAL), as the
 archiver's redelivered batches do. `run_suffix` renames runs and event ids, to load one log as
 several runs (benchmarks).
+
+A file written under an older schema (schemas/history/) lacks the fields added since: those columns
+take the current schema's defaults, as Avro resolution gives them to the archiver.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
+import fastavro
+
 from coevolve.schemas.container import LogFileError, log_paths, record_name
+from coevolve.services.archive.rows import COLUMNS, ORIGIN, TABLE_OF, schema_defaults
 from coevolve.services.clickhouse.sql import literal, quote_path
 
-_TRAJECTORY_COLUMNS = """event_id, run_id, step, task_id, task_source, rollout_index, group_size, score, success,
-    turn_count, policy_version, prompt, response, prompt_tokens, completion_tokens, produced_at, action_names"""
+# Columns that are not the event field of the same name: Avro enums as text, a trajectory's action names.
+_EXPRESSIONS = {
+    "TrajectoryRecorded": {"task_source": "toString(task_source)", "action_names": "actions.name"},
+    "TaskChecked": {"source": "toString(source)", "verdict": "toString(verdict)"},
+}
+IMPORTABLE = ("TrajectoryRecorded", "StepCompleted", "ExplorationRecorded", "TaskChecked", "EvaluationCompleted")
 
 
-def _inserts(db: str, src: str, run: str, eid: str) -> dict[str, list[str]]:
-    """Per record type, the INSERT ... SELECT statements that load a file of it."""
-    return {
-        "TrajectoryRecorded": [
-            f"""INSERT INTO {db}.trajectories ({_TRAJECTORY_COLUMNS}, log_partition, log_offset)
-            SELECT {eid}, {run}, step, task_id, toString(task_source), rollout_index, group_size, score, success,
-                   turn_count, policy_version, prompt, response, prompt_tokens, completion_tokens, produced_at,
-                   actions.name, -1, _row_number FROM {src}""",
-            f"""INSERT INTO {db}.actions (event_id, run_id, step, task_id, position, name, arguments, observation,
-                turn, score, log_partition, log_offset)
-            SELECT {eid}, {run}, step, task_id, i - 1, a.name, a.arguments, a.observation, a.turn, score, -1,
-                   _row_number FROM {src} ARRAY JOIN actions AS a, arrayEnumerate(actions) AS i"""],
-        "StepCompleted": [
-            f"""INSERT INTO {db}.steps (event_id, run_id, step, trajectory_count, policy_version, train_reward,
-                eval_score, loss, duration_seconds, produced_at, log_partition, log_offset)
-            SELECT {eid}, {run}, step, trajectory_count, policy_version, train_reward, eval_score, loss,
-                   duration_seconds, produced_at, -1, _row_number FROM {src}"""],
-        "TaskChecked": [
-            f"""INSERT INTO {db}.tasks (event_id, task_id, run_id, step, source, verdict, reason, env,
-                instruction_turns, initial_state, involved_classes, reference_solution, signal_ids, exploration_ids,
-                validation_score, produced_at, log_partition, log_offset)
-            SELECT {eid}, task_id, {run}, step, toString(source), toString(verdict), reason, env, instruction_turns,
-                   initial_state, involved_classes, reference_solution, signal_ids, exploration_ids,
-                   validation_score, produced_at, -1, _row_number FROM {src}"""],
-    }
+def _default_sql(value) -> str:
+    """An Avro field default as a ClickHouse literal."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return literal(value)
+    if value == []:
+        return "[]"
+    raise ValueError(f"no SQL literal for the Avro default {value!r}")
+
+
+def _defaults(name: str) -> dict[str, str]:
+    """The current schema's field defaults, as SQL."""
+    return {field: _default_sql(value) for field, value in schema_defaults(name).items()}
+
+
+def _file_fields(path: Path) -> set[str]:
+    with open(path, "rb") as fh:
+        return {f["name"] for f in fastavro.reader(fh).writer_schema["fields"]}
+
+
+def _select(name: str, fields: set[str], run: str, eid: str) -> tuple[list[str], list[str]]:
+    """The table's columns and, per column, the expression reading it from a file with these fields."""
+    columns = [c for c in COLUMNS[TABLE_OF[name]] if c not in ORIGIN]
+    special = {"event_id": eid, "run_id": run, **_EXPRESSIONS.get(name, {})}
+    defaults = _defaults(name)
+    exprs = []
+    for column in columns:
+        if column in special:
+            exprs.append(special[column])
+        elif column in fields:
+            exprs.append(column)
+        elif column in defaults:
+            exprs.append(defaults[column])
+        else:
+            raise LogFileError(f"{name} file lacks `{column}`, which has no default: not a {name} log")
+    return columns, exprs
+
+
+def _inserts(db: str, src: str, name: str, fields: set[str], run: str, eid: str) -> list[str]:
+    """The INSERT ... SELECT statements that load a file of `name` events."""
+    columns, exprs = _select(name, fields, run, eid)
+    out = [f"""INSERT INTO {db}.{TABLE_OF[name]} ({', '.join(columns)}, log_partition, log_offset)
+        SELECT {', '.join(exprs)}, -1, _row_number FROM {src}"""]
+    if name == "TrajectoryRecorded":
+        out.append(f"""INSERT INTO {db}.actions (event_id, run_id, step, task_id, position, name, arguments,
+            observation, turn, score, log_partition, log_offset)
+        SELECT {eid}, {run}, step, task_id, i - 1, a.name, a.arguments, a.observation, a.turn, score, -1,
+               _row_number FROM {src} ARRAY JOIN actions AS a, arrayEnumerate(actions) AS i""")
+    return out
 
 
 def log_files(paths) -> list[Path]:
@@ -64,14 +103,13 @@ def import_files(client, paths, database: str = "coevolve", run_suffix: str = ""
     counts: dict[str, int] = {}
     suffix = literal(run_suffix)
     run, eid = f"concat(run_id, {suffix})", f"concat(event_id, {suffix})"
-    for path in log_files(paths):
-        name = record_name(path)
+    files = [(path, record_name(path)) for path in log_files(paths)]
+    for path, name in files:  # refuse before inserting anything
+        if name not in IMPORTABLE:
+            raise LogFileError(f"{path}: {name} files cannot be imported ({', '.join(IMPORTABLE)} can)")
+    for path, name in files:
         src = f"file({quote_path(path)}, 'Avro')"
-        statements = _inserts(database, src, run, eid).get(name)
-        if statements is None:
-            raise LogFileError(f"{path}: {name} files cannot be imported (TrajectoryRecorded, StepCompleted and "
-                               "TaskChecked can)")
-        for statement in statements:
+        for statement in _inserts(database, src, name, _file_fields(path), run, eid):
             client.command(statement)
         counts[name] = counts.get(name, 0) + int(client.query(f"SELECT count() FROM {src}").result_rows[0][0])
     return counts

@@ -1,12 +1,16 @@
 """Map decoded events to archive rows: one table per event, a trajectory's actions exploded.
 
-Pure functions over plain dicts, so the archiver and the tests share one mapping.
+Pure functions over plain dicts, so the archiver and the tests share one mapping. A decoded event has
+every field; a field missing from an event built in code (the simulator's, before encoding) takes its
+schema default, as decoding would give it.
 """
 from __future__ import annotations
 
 import base64
 import json
 from collections.abc import Callable
+
+from coevolve.schemas.codec import SCHEMA_DIR
 
 ORIGIN = ["log_partition", "log_offset"]
 
@@ -17,29 +21,48 @@ COLUMNS: dict[str, list[str]] = {
     "actions": ["event_id", "run_id", "step", "task_id", "position", "name", "arguments", "observation",
                 "turn", "score", *ORIGIN],
     "steps": ["event_id", "run_id", "step", "trajectory_count", "policy_version", "train_reward",
-              "eval_score", "loss", "duration_seconds", "produced_at", *ORIGIN],
+              "eval_score", "loss", "duration_seconds", "pool_size", "pool_synthesized", "zero_variance_groups",
+              "resampled_groups", "tokens_trained", "rollout_seconds", "scoring_seconds", "training_seconds",
+              "push_seconds", "publish_seconds", "blocked_seconds", "produced_at", *ORIGIN],
     "signals": ["event_id", "kind", "run_id", "step", "subject", "task_id", "pattern", "success_threshold",
                 "window", "rare_threshold", "pattern_length", "incomplete", "attempt_score", "scores",
                 "previous_scores", "pattern_count", "pattern_total", "evidence", "produced_at", *ORIGIN],
     "explorations": ["event_id", "run_id", "step", "signal_id", "signal_kind", "task_id", "round", "context",
-                     "tuples", "model", "produced_at", *ORIGIN],
+                     "tuples", "model", "strategy", "signal_ids", "produced_at", *ORIGIN],
     "tasks": ["event_id", "task_id", "run_id", "step", "source", "verdict", "reason", "env",
               "instruction_turns", "initial_state", "involved_classes", "reference_solution", "signal_ids",
-              "exploration_ids", "validation_score", "produced_at", *ORIGIN],
+              "exploration_ids", "validation_score", "stage", "stages", "seed_task_id", "produced_at", *ORIGIN],
+    "evaluations": ["event_id", "run_id", "step", "policy_version", "split", "env", "task_count", "success_rate",
+                    "mean_score", "task_ids", "scores", "duration_seconds", "produced_at", *ORIGIN],
     "deadletters": ["event_id", "source_topic", "source_partition", "source_offset", "key", "payload",
                     "error_type", "reason", "service", "produced_at", *ORIGIN],
 }
 
 TABLE_OF = {"TrajectoryRecorded": "trajectories", "StepCompleted": "steps", "SignalRaised": "signals",
-            "ExplorationRecorded": "explorations", "TaskChecked": "tasks", "DeadLettered": "deadletters"}
+            "ExplorationRecorded": "explorations", "TaskChecked": "tasks", "EvaluationCompleted": "evaluations",
+            "DeadLettered": "deadletters"}
 
 
 _FIELDS = {table: cols[:-len(ORIGIN)] for table, cols in COLUMNS.items() if cols[-1] == ORIGIN[-1]}
 _TRAJECTORY_FIELDS = COLUMNS["trajectories"][:-3]
 
 
+def schema_defaults(name: str) -> dict:
+    """The fields of an event's current schema that have a default, with it."""
+    fields = json.loads((SCHEMA_DIR / f"{name}.avsc").read_text())["fields"]
+    return {f["name"]: f["default"] for f in fields if "default" in f}
+
+
+_DEFAULTS = {table: schema_defaults(name) for name, table in TABLE_OF.items()}
+_MISSING = object()
+
+
 def _plain(event: dict, table: str) -> list:
-    return [event[c] for c in _FIELDS[table]]
+    row = [event.get(c, _MISSING) for c in _FIELDS[table]]
+    if any(v is _MISSING for v in row):
+        defaults = _DEFAULTS[table]
+        row = [defaults[c] if v is _MISSING else v for c, v in zip(_FIELDS[table], row)]
+    return row
 
 
 def _trajectory(event: dict) -> list:
@@ -65,6 +88,13 @@ def _exploration(event: dict) -> list:
     return row
 
 
+def _task(event: dict) -> list:
+    row = _plain(event, "tasks")
+    at = COLUMNS["tasks"].index("stages")
+    row[at] = [(s["stage"], s["passed"], s["reason"]) for s in row[at]]
+    return row
+
+
 def _bytes_text(value: bytes | None) -> str | None:
     """Kafka keys and payloads are bytes; keep valid UTF-8 as text and the rest as `base64:`."""
     if value is None:
@@ -86,15 +116,19 @@ def _deadletter(event: dict) -> list:
 _MAPPERS: dict[str, Callable[[dict], list]] = {
     "TrajectoryRecorded": _trajectory, "SignalRaised": _signal, "ExplorationRecorded": _exploration,
     "DeadLettered": _deadletter,
-    "StepCompleted": lambda e: _plain(e, "steps"), "TaskChecked": lambda e: _plain(e, "tasks"),
+    "TaskChecked": _task, "StepCompleted": lambda e: _plain(e, "steps"),
+    "EvaluationCompleted": lambda e: _plain(e, "evaluations"),
 }
 
 
+def archivable(name: str) -> bool:
+    """Whether the archive has a table for this record name."""
+    return name in _MAPPERS
+
+
 def rows_for(name: str, event: dict, partition: int, offset: int) -> dict[str, list[list]]:
-    """The rows one event adds, per table; unknown record names add none."""
-    mapper = _MAPPERS.get(name)
-    if mapper is None:
-        return {}
+    """The rows one event adds, per table; raise KeyError for a record with no table (see `archivable`)."""
+    mapper = _MAPPERS[name]
     out = {TABLE_OF[name]: [mapper(event) + [partition, offset]]}
     if name == "TrajectoryRecorded":
         out["actions"] = [[event["event_id"], event["run_id"], event["step"], event["task_id"], i, a["name"],

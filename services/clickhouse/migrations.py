@@ -63,20 +63,52 @@ V1 = [
     ) ENGINE = ReplacingMergeTree(log_rank) ORDER BY (source_topic, event_id)""",
 ]
 
+# The learner's step fields and evaluations, the explorer's strategy, the validator's stages. Rows stored
+# before read the new columns at their defaults, the same values Avro resolution gives their events.
+V2 = [
+    """ALTER TABLE {db}.steps
+        ADD COLUMN IF NOT EXISTS pool_size Nullable(Int32) AFTER duration_seconds,
+        ADD COLUMN IF NOT EXISTS pool_synthesized Nullable(Int32) AFTER pool_size,
+        ADD COLUMN IF NOT EXISTS zero_variance_groups Nullable(Int32) AFTER pool_synthesized,
+        ADD COLUMN IF NOT EXISTS resampled_groups Nullable(Int32) AFTER zero_variance_groups,
+        ADD COLUMN IF NOT EXISTS tokens_trained Nullable(Int64) AFTER resampled_groups,
+        ADD COLUMN IF NOT EXISTS rollout_seconds Nullable(Float64) AFTER tokens_trained,
+        ADD COLUMN IF NOT EXISTS scoring_seconds Nullable(Float64) AFTER rollout_seconds,
+        ADD COLUMN IF NOT EXISTS training_seconds Nullable(Float64) AFTER scoring_seconds,
+        ADD COLUMN IF NOT EXISTS push_seconds Nullable(Float64) AFTER training_seconds,
+        ADD COLUMN IF NOT EXISTS publish_seconds Nullable(Float64) AFTER push_seconds,
+        ADD COLUMN IF NOT EXISTS blocked_seconds Nullable(Float64) AFTER publish_seconds""",
+    """ALTER TABLE {db}.explorations
+        ADD COLUMN IF NOT EXISTS strategy LowCardinality(String) DEFAULT 'signal-guided' AFTER model,
+        ADD COLUMN IF NOT EXISTS signal_ids Array(String) AFTER strategy""",
+    """ALTER TABLE {db}.tasks
+        ADD COLUMN IF NOT EXISTS stage LowCardinality(Nullable(String)) AFTER validation_score,
+        ADD COLUMN IF NOT EXISTS stages Array(Tuple(stage String, passed Bool, reason String)) AFTER stage,
+        ADD COLUMN IF NOT EXISTS seed_task_id Nullable(String) AFTER stages""",
+    f"""CREATE TABLE IF NOT EXISTS {{db}}.evaluations (
+        event_id String, run_id LowCardinality(String), step Int64, policy_version Int64,
+        split LowCardinality(String), env LowCardinality(String), task_count Int32, success_rate Float64,
+        mean_score Float64, task_ids Array(String), scores Array(Float64), duration_seconds Float64,
+        produced_at {_UTC}, {_ORIGIN}
+    ) ENGINE = ReplacingMergeTree(log_rank) ORDER BY (run_id, step, split, event_id)""",
+]
+
 MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (1, "event tables, actions exploded", V1),
+    (2, "step pool and timing, exploration strategy, task stages, evaluations", V2),
 ]
 
 
-def migrate(client, database: str = "coevolve") -> list[int]:
-    """Apply every migration not yet recorded; return the versions applied now. Idempotent."""
+def migrate(client, database: str = "coevolve", migrations=MIGRATIONS) -> list[int]:
+    """Apply every migration not yet recorded; return the versions applied now. Idempotent: each statement
+    is (IF NOT EXISTS), so one interrupted before its version was recorded runs again safely."""
     client.command(f"CREATE DATABASE IF NOT EXISTS {database}")
     client.command(f"""CREATE TABLE IF NOT EXISTS {database}.schema_migrations (
         version UInt32, name String, applied_at {_UTC} DEFAULT now64(3)
     ) ENGINE = ReplacingMergeTree ORDER BY version""")
     done = {r[0] for r in client.query(f"SELECT version FROM {database}.schema_migrations FINAL").result_rows}
     applied = []
-    for version, name, statements in MIGRATIONS:
+    for version, name, statements in migrations:
         if version in done:
             continue
         for statement in statements:

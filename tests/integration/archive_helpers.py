@@ -46,6 +46,12 @@ def expected_tables(log: list) -> dict[str, set]:
     return {t: set(rows.values()) for t, rows in out.items()}
 
 
+def expected_rows(name: str, event: dict) -> dict[str, set]:
+    """The rows, without provenance, that one event gives, per table."""
+    return {table: {_norm(row[:len(_content(table))]) for row in rows}
+            for table, rows in rows_for(name, event, -1, 0).items()}
+
+
 def archived_tables(client, database: str = "coevolve") -> dict[str, set]:
     """What the archive holds, read FINAL, without provenance columns."""
     out = {}

@@ -2,18 +2,23 @@
 imported archive equals the Python replay of the files."""
 from __future__ import annotations
 
+import json
+
+import fastavro
 import pytest
 from typer.testing import CliRunner
 
-from coevolve.schemas.container import read_log
+from coevolve.schemas.codec import HISTORY_DIR
+from coevolve.schemas.container import LogWriter, read_log
 from coevolve.services.archive.importer import import_files, log_files
-from coevolve.services.archive.rows import rows_for
+from coevolve.services.archive.rows import TABLE_OF, rows_for
 from coevolve.services.cli import app
 from coevolve.services.clickhouse.client import connect
 from coevolve.services.simulate import SimulationConfig, write_file
 from coevolve.streams.replay.engine_python import replay_files
 from coevolve.streams.replay.report import write_jsonl
-from tests.integration.archive_helpers import archived_tables, raw_count
+from tests.events import NOW, sample_events
+from tests.integration.archive_helpers import archived_tables, expected_rows, raw_count
 
 pytestmark = pytest.mark.integration
 
@@ -87,3 +92,58 @@ def test_files_that_are_not_importable_logs_are_refused_with_the_reason(tmp_path
     for path, reason in ((tmp_path / "missing.avro", "no such file"), (tmp_path / "notes.avro", "not an Avro")):
         result = CliRunner().invoke(app, ["archive", "import", "--clickhouse", url, "--input", str(path)])
         assert result.exit_code != 0 and reason in result.output, result.output
+
+
+LOOP_EVENTS = ("StepCompleted", "ExplorationRecorded", "TaskChecked", "EvaluationCompleted")
+
+
+def _v1_steps(path) -> dict:
+    """A StepCompleted file written under version 1 of the schema (before the learner's fields)."""
+    schema = fastavro.parse_schema(json.loads((HISTORY_DIR / "StepCompleted.v1.avsc").read_text()))
+    event = {"event_id": "old-step", "run_id": "old-run", "step": 2, "trajectory_count": 8, "policy_version": 2,
+             "train_reward": 0.5, "eval_score": None, "loss": 0.3, "duration_seconds": 9.0, "produced_at": NOW}
+    with open(path, "wb") as fh:
+        fastavro.writer(fh, schema, [event])
+    return event
+
+
+def test_the_loops_events_import_with_every_field_and_old_files_too(tmp_path):
+    events = sample_events()
+    with LogWriter(tmp_path / "loop.avro") as writer:
+        for name in LOOP_EVENTS:
+            writer.write(name, events[name])
+    old = _v1_steps(tmp_path / "old.avro")
+    url = f"chdb://{tmp_path}/ch"
+    paths = [tmp_path / f"loop.{name}.avro" for name in LOOP_EVENTS] + [tmp_path / "old.avro"]
+    text = _import(url, *paths)
+    assert "EvaluationCompleted=1" in text and "StepCompleted=2" in text
+    first, _ = _snapshot(url)
+    expected = {TABLE_OF[name]: expected_rows(name, events[name])[TABLE_OF[name]] for name in LOOP_EVENTS}
+    assert first["evaluations"] == expected["evaluations"]
+    assert first["tasks"] == expected["tasks"] and first["explorations"] == expected["explorations"]
+    assert expected["steps"] < first["steps"] and len(first["steps"]) == 2  # the new step, as the archiver's row
+    client = connect(url, create=False)
+    try:
+        got = client.query("SELECT step, loss, pool_size, blocked_seconds FROM coevolve.steps FINAL "
+                           "WHERE event_id = 'old-step'").result_rows
+    finally:
+        client.close()
+    assert got == [(old["step"], old["loss"], None, None)]  # the fields version 1 lacks, at their defaults
+    _import(url, *paths)
+    assert _snapshot(url)[0] == first  # idempotent
+
+
+def test_signal_files_are_refused_before_anything_is_imported(tmp_path):
+    with LogWriter(tmp_path / "run.avro") as writer:
+        writer.write("EvaluationCompleted", sample_events()["EvaluationCompleted"])
+        writer.write("SignalRaised", sample_events()["SignalRaised"])
+    url = f"chdb://{tmp_path}/ch"
+    result = CliRunner().invoke(app, ["archive", "import", "--clickhouse", url,
+                                      "--input", str(tmp_path / "run.EvaluationCompleted.avro"),
+                                      "--input", str(tmp_path / "run.SignalRaised.avro")])
+    assert result.exit_code != 0 and "SignalRaised files cannot be imported" in result.output, result.output
+    client = connect(url, create=False)
+    try:
+        assert client.query("SELECT count() FROM coevolve.evaluations").result_rows == [(0,)]
+    finally:
+        client.close()
