@@ -20,6 +20,9 @@
   no such process, so none is reserved (one timing here, 2 cores: 26 -> 34 generated tokens/s).
 - **dtype.** bfloat16 runs on this CPU's AMX units: about 3x float32's generation rate (one timing
   here: 34 -> 102 tokens/s, 16 BFCL prompts, 64 new tokens); float32 where outputs are compared.
+- **Log-probs.** By default vLLM reports raw log-probs (temperature 1) whatever the sampling
+  temperature; the learner's ratio needs those of the distribution sampled from, so the engine runs
+  with `logprobs_mode="processed_logprobs"` (after temperature and top-p).
 - **Structured output** is `SamplingParams(structured_outputs=StructuredOutputsParams(json=schema))`.
   JSON's grammar allows whitespace between tokens, and a small or random model fills it until the
   token limit; the engine-wide `disable_any_whitespace` (xgrammar; the per-request field of the same name
@@ -59,7 +62,7 @@ def engine_arguments(model: str, *, dtype: str, max_model_len: int, enforce_eage
     return {"structured_outputs_config": StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True),
             "model": model, "tokenizer": model, "dtype": dtype, "max_model_len": max_model_len,
             "enforce_eager": enforce_eager, "seed": seed, "enable_prefix_caching": True,
-            "gpu_memory_utilization": gpu_memory_utilization}
+            "gpu_memory_utilization": gpu_memory_utilization, "logprobs_mode": "processed_logprobs"}
 
 
 def reload_weights(llm: Any, named_tensors: Iterable[tuple[str, Any]]) -> None:

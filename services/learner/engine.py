@@ -61,7 +61,7 @@ class Engine:
         self.model.train()
         counts = torch.tensor([s.loss_tokens for s in batch])
         scales = grpo.sequence_scales(counts, cfg.loss_agg)
-        sums = dict.fromkeys(("loss", "pg_loss", "kl", "clipped"), 0.0)
+        sums = dict.fromkeys(("loss", "pg_loss", "kl", "clipped", "abs_log_ratio"), 0.0)
         for part in micro_batches(len(batch), cfg.micro_batch_size):
             mb = collate(batch[part], self.pad_id).to(self.device)
             loss, stats = self._micro_loss(mb, scales[part].to(self.device))
@@ -75,6 +75,7 @@ class Engine:
         return {
             "loss": sums["loss"], "pg_loss": sums["pg_loss"], "kl": sums["kl"],
             "clip_fraction": sums["clipped"] / max(loss_tokens, 1), "grad_norm": grad_norm,
+            "abs_log_ratio": sums["abs_log_ratio"] / max(loss_tokens, 1),
             "loss_tokens": float(loss_tokens), "tokens": float(sum(len(s.token_ids) for s in batch)),
             "sequences": float(len(batch)), "step_seconds": seconds,
         }
@@ -91,8 +92,11 @@ class Engine:
                                 mb.loss_mask, scales)
             loss = pg_loss + cfg.kl_beta * kl
             kl_value = float(kl.detach())
+        # every micro-batch runs before the one optimizer step, so this is the rollout/trainer mismatch
+        gap = (logp.detach() - mb.old_logprobs).abs()
+        drift = float(torch.where(mb.loss_mask.bool(), gap, torch.zeros_like(gap)).sum())
         return loss, {"loss": float(loss.detach()), "pg_loss": float(pg_loss.detach()), "kl": kl_value,
-                      "clipped": float(clipped.sum())}
+                      "clipped": float(clipped.sum()), "abs_log_ratio": drift}
 
     @torch.no_grad()
     def _reference_logprobs(self, mb: Collated) -> torch.Tensor:
