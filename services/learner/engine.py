@@ -38,7 +38,8 @@ class Engine:
         self.model = model
 
     # Subclass hooks.
-    def _forward(self, mb: Collated) -> torch.Tensor:
+    def _forward(self, mb: Collated, keep: torch.Tensor) -> torch.Tensor:
+        """Logits (B, P, V) at the positions `keep` only (transformers' `logits_to_keep`)."""
         raise NotImplementedError
 
     def _backward(self, loss: torch.Tensor) -> None:
@@ -82,13 +83,14 @@ class Engine:
 
     def _micro_loss(self, mb: Collated, scales: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = self.config
-        logp = grpo.token_logprobs(self._forward(mb), mb.input_ids, cfg.temperature)
+        keep = grpo.kept_positions(mb.loss_mask)
+        logp = grpo.kept_logprobs(self._forward(mb, keep), mb.input_ids, keep, cfg.temperature)
         pg, clipped = grpo.clipped_pg_loss(logp, mb.old_logprobs, mb.advantages, mb.loss_mask,
                                            cfg.clip_low, cfg.clip_high)
         pg_loss = grpo.aggregate(pg, mb.loss_mask, scales)
         loss, kl_value = pg_loss, 0.0
         if cfg.kl_beta > 0:
-            kl = grpo.aggregate(grpo.k3_kl(logp, self._reference_logprobs(mb), mb.loss_mask),
+            kl = grpo.aggregate(grpo.k3_kl(logp, self._reference_logprobs(mb, keep), mb.loss_mask),
                                 mb.loss_mask, scales)
             loss = pg_loss + cfg.kl_beta * kl
             kl_value = float(kl.detach())
@@ -99,14 +101,14 @@ class Engine:
                       "clipped": float(clipped.sum()), "abs_log_ratio": drift}
 
     @torch.no_grad()
-    def _reference_logprobs(self, mb: Collated) -> torch.Tensor:
+    def _reference_logprobs(self, mb: Collated, keep: torch.Tensor) -> torch.Tensor:
         if self.reference is not None:
             logits = self.reference(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
-                                    use_cache=False).logits
+                                    use_cache=False, logits_to_keep=keep).logits
         else:
             with self.policy_module.disable_adapter():
-                logits = self._forward(mb)
-        return grpo.token_logprobs(logits, mb.input_ids, self.config.temperature)
+                logits = self._forward(mb, keep)
+        return grpo.kept_logprobs(logits, mb.input_ids, keep, self.config.temperature)
 
     @property
     def policy_module(self) -> torch.nn.Module:
@@ -136,8 +138,9 @@ class TorchEngine(Engine):
         self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
         self.optimizer.zero_grad(set_to_none=True)
 
-    def _forward(self, mb: Collated) -> torch.Tensor:
-        return self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits
+    def _forward(self, mb: Collated, keep: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False,
+                          logits_to_keep=keep).logits
 
     def _backward(self, loss: torch.Tensor) -> None:
         loss.backward()
