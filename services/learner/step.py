@@ -77,8 +77,10 @@ class StepRunner:
     """Holds the pool, rollout backend and training engine; `run(step)` does one GRPO step."""
 
     def __init__(self, cfg: LearnerConfig, grpo: GRPOConfig, pool: TaskPool, backend: Any, engine: Any,
-                 sampling: SamplingConfig, limits: EpisodeLimits, run_id: str, reward: Reward | None = None):
+                 sampling: SamplingConfig, limits: EpisodeLimits, run_id: str, reward: Reward | None = None,
+                 env: str | Callable[[], Any] = "bfcl"):
         self.cfg, self.grpo, self.pool, self.backend, self.engine = cfg, grpo, pool, backend, engine
+        self.env = env
         self.sampling, self.limits, self.run_id = sampling, limits, run_id
         self.reward = reward or reward_function(grpo.reward)
         self.times: dict[str, float] = {}
@@ -95,7 +97,7 @@ class StepRunner:
         k = self.cfg.group_size
         tasks = [d.task for d in drawn for _ in range(k)]
         episodes = self._timed("rollout", lambda: run_episodes(
-            tasks, "bfcl", self.backend, self.sampling, self.limits, max_in_flight=self.cfg.in_flight))
+            tasks, self.env, self.backend, self.sampling, self.limits, max_in_flight=self.cfg.in_flight))
         groups = [Group(d, episodes[i * k:(i + 1) * k]) for i, d in enumerate(drawn)]
 
         def score() -> None:
