@@ -24,13 +24,13 @@ import torch
 from coevolve.services.agent.backends import make_backend
 from coevolve.services.agent.config import BackendConfig, EpisodeLimits, SamplingConfig
 from coevolve.services.agent.episodes import run_episodes
-from coevolve.services.envs.base import StepResult, Task
+from coevolve.services.envs.base import Task
 from coevolve.services.learner.config import GRPOConfig, LearnerConfig, SamplerConfig
 from coevolve.services.learner.engines import build_engine
 from coevolve.services.learner.sampler import TaskPool
 from coevolve.services.learner.shapes import random_llama
 from coevolve.services.learner.step import StepRunner
-from tests.agent_helpers import byte_tokenizer
+from tests.agent_helpers import OneTurn, byte_tokenizer
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -38,30 +38,6 @@ NEW = 8
 TASKS = [Task(f"toy-{i}", (f"Write anything, number {i}.",), {}, ()) for i in range(8)]
 LIMITS = EpisodeLimits(max_user_turns=1, max_context_tokens=512)
 LETTERS = set()  # filled with the byte tokenizer's ids of a-z by the model fixture
-
-
-class OneTurn:
-    """A one-turn environment: the prompt, then the episode ends after the first answer."""
-
-    name = "toy"
-
-    def __init__(self):
-        self.turn = 0
-
-    def reset(self, task):
-        self.turn = 0
-        return [{"role": "user", "content": task.turns[0]}]
-
-    def step(self, action):
-        self.turn = 1
-        return StepResult([], True, 0.0, False)
-
-    def verdicts(self):
-        return []
-
-    def terminate(self, reason):
-        self.turn = 1
-        return StepResult([], True, 0.0, False, {"terminated": reason})
 
 
 @pytest.fixture(scope="module")
