@@ -32,6 +32,8 @@ class GRPOConfig:
     max_grad_norm: float = doc(1.0, "Clip the global gradient norm to this; 0 disables clipping.")
     micro_batch_size: int = doc(4, "Sequences per forward/backward; gradients accumulate over a step's batch.")
     seed: int = doc(0, "Seed of torch's generator for the learner.")
+    autocast: str = doc("off", "Mixed precision of the forward and backward: off (float32) or bf16 (torch.autocast; "
+                        "weights and optimizer stay float32).")
     deepspeed_config: str = doc("", "Path of a DeepSpeed JSON config (ZeRO stage 0-2); empty trains with plain torch.")
     lora_rank: int = doc(0, "LoRA rank through peft; 0 trains every weight.")
     lora_alpha: int = doc(16, "LoRA alpha (scale alpha / rank).")
@@ -52,6 +54,8 @@ class GRPOConfig:
             raise ConfigError(f"reward={self.reward!r} is unknown; use one of {', '.join(REWARDS)}")
         if self.adv_eps <= 0 or self.temperature <= 0:
             raise ConfigError("adv_eps and temperature must be positive; sample with temperature > 0 to train")
+        if self.autocast not in ("off", "bf16"):
+            raise ConfigError(f"autocast={self.autocast!r}: choose off or bf16")
         if self.micro_batch_size < 1:
             raise ConfigError(f"micro_batch_size must be at least 1 (got {self.micro_batch_size})")
         if self.lora_rank < 0 or self.lora_alpha <= 0:

@@ -65,7 +65,8 @@ class Engine:
         sums = dict.fromkeys(("loss", "pg_loss", "kl", "clipped", "abs_log_ratio"), 0.0)
         for part in micro_batches(len(batch), cfg.micro_batch_size):
             mb = collate(batch[part], self.pad_id).to(self.device)
-            loss, stats = self._micro_loss(mb, scales[part].to(self.device))
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=cfg.autocast == "bf16"):
+                loss, stats = self._micro_loss(mb, scales[part].to(self.device))
             self._backward(loss)
             for key, value in stats.items():
                 sums[key] += value
