@@ -105,6 +105,9 @@ class Learner(Service):
         self.runner = StepRunner(self.cfg, self.grpo, self.pool, self.backend, self.engine, self.sampling,
                                  self.limits, self.run_id, self.reward)
         self._follow_tasks()
+        if self.cfg.resume and self.resumed is None:
+            self.log.info("learner.resume_fresh", workdir=str(self.cfg.workdir),
+                          reason="no checkpoint to resume from; starting at step 1")
         self.log.info("learner.started", run_id=self.run_id, resumed_at=self.done, model=self.backend_cfg.model,
                       backend=self.backend_cfg.backend, pool=self.pool.size, sampler=self.sampler_cfg.sampler)
         if self.done >= self.cfg.steps:

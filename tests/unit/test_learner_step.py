@@ -99,3 +99,12 @@ def test_rewards_are_success_or_partial_score():
     assert reward_function("binary")(Ep()) == 0.0 and reward_function("partial")(Ep()) == 0.5
     with pytest.raises(ValueError):
         reward_function("length")
+
+
+def test_evaluation_is_due_every_e_steps_and_after_the_last():
+    from coevolve.services.learner.evaluation import due, evaluation_event_id
+
+    cfg = LearnerConfig(steps=7, eval_every=3)
+    assert [s for s in range(1, 8) if due(cfg, s)] == [3, 6, 7]
+    assert not any(due(LearnerConfig(steps=7), s) for s in range(1, 8))
+    assert evaluation_event_id("run-a", 3, "test") == "eval-run-a-3-test"
