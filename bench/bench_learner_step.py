@@ -2,7 +2,7 @@
 
     python -m bench.bench_learner_step [--model smollm2-135m-instruct] [--backend vllm] [--steps 3]
                                        [--batch-tasks 2] [--group-size 4] [--max-new-tokens 64]
-                                       [--user-turns 1] [--autocast off|bf16]
+                                       [--user-turns 1] [--autocast off|bf16] [--reward task|parity]
 
 Runs the real `coevolve learner` service in this process against an embedded broker: BFCL
 multi_turn_base train tasks, K rollouts each through the backend, GRPO on the episodes, the weights
@@ -10,6 +10,11 @@ pushed into the backend, every trajectory and the StepCompleted published and co
 phase seconds come from its StepCompleted record; the report gives the median over the steps (step 1
 included: nothing warms up across steps but the backend's caches), the tokens trained and the
 blocked share. Checkpoints go to a temporary folder.
+
+SmolLM2 scores 0 on nearly every BFCL task, so with the task's own reward (`--reward task`) most
+groups are flat and the step skips training and the push. `--reward parity` (the default here)
+rewards a rollout whose first generated token id is odd: meaningless as a goal, but it gives every
+group reward variance, so each step times a real update and weight push on real episodes.
 """
 from __future__ import annotations
 
@@ -28,6 +33,12 @@ from coevolve.services.learner.service import Learner
 PHASES = ("rollout", "scoring", "training", "push", "publish", "blocked")
 
 
+def parity(episode) -> float:
+    """1 when the first generated token id is odd: a stand-in reward with variance in every group."""
+    first = episode.token_ids[episode.prompt_len:episode.prompt_len + 1]
+    return float(first[0] % 2) if first else 0.0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
@@ -38,6 +49,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--user-turns", type=int, default=1)
     parser.add_argument("--autocast", default="off")
+    parser.add_argument("--reward", default="parity", choices=("task", "parity"))
     args = parser.parse_args()
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as workdir:
         create_topics(broker.bootstrap)
@@ -46,7 +58,8 @@ def main() -> None:
         grpo = GRPOConfig(lr=1e-6, temperature=1.0, micro_batch_size=1, autocast=args.autocast)
         backend = BackendConfig(model=args.model, backend=args.backend)
         limits = EpisodeLimits(max_user_turns=args.user_turns)
-        learner = Learner(cfg, grpo, SamplerConfig(), backend, limits, args.max_new_tokens)
+        reward = parity if args.reward == "parity" else None
+        learner = Learner(cfg, grpo, SamplerConfig(), backend, limits, args.max_new_tokens, reward=reward)
         records = []
         started = time.monotonic()
         learner.start()
@@ -59,7 +72,8 @@ def main() -> None:
         wall = time.monotonic() - started
     print(f"machine: {machine()}")
     print(f"{args.model} via {args.backend}, B={args.batch_tasks}, K={args.group_size}, "
-          f"{args.max_new_tokens} new tokens, {args.user_turns} user turn(s), autocast {args.autocast}")
+          f"{args.max_new_tokens} new tokens, {args.user_turns} user turn(s), autocast {args.autocast}, "
+          f"reward {args.reward}")
     for phase in PHASES:
         values = [r[f"{phase}_seconds"] or 0.0 for r in records]
         print(f"{phase:10s} median {statistics.median(values):8.2f} s   (steps: "
