@@ -143,7 +143,7 @@ class Learner(Service):
         self.feed = TaskFeed(lambda: EventConsumer(self.cfg.kafka_bootstrap, [TASKS.name], service="learner"),
                              self.pool).start()
         if self.sampler_cfg.sampler == "static":
-            time.sleep(self.sampler_cfg.static_wait_s)
+            self._stop.wait(self.sampler_cfg.static_wait_s)  # a stop signal ends the wait early
             self.pool.refresh(self.done + 1)
             self.pool.freeze()
             self.feed.stop()
