@@ -475,6 +475,45 @@ def validator(
     print(f"validator committed {Validator(cfg, core, backend_cfg).serve_until_signalled()} events", flush=True)
 
 
+@app.command()
+def learner(
+    bootstrap: Optional[str] = BootstrapOpt,
+    workdir: Optional[Path] = typer.Option(None, help="Checkpoints folder (.coevolve/learner)."),
+    run_id: Optional[str] = typer.Option(None, help="Run id (default: run-<UTC time>; a resumed run keeps its own)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run in --workdir from its latest checkpoint "
+                                "(starts fresh when there is none)."),
+    steps: Optional[int] = typer.Option(None, help="Training steps to complete (10)."),
+    model: Optional[str] = ModelOpt,
+    backend: Optional[str] = typer.Option(None, help="Rollout backend: vllm (default) or transformers."),
+    base_url: Optional[str] = BaseUrlOpt,
+    max_new_tokens: Optional[int] = MaxTokensOpt,
+    metrics_port: Optional[int] = MetricsPortOpt, metrics_host: Optional[str] = MetricsHostOpt,
+) -> None:
+    """Train the agent with GRPO on the seed tasks and the loop's validated tasks; publish every step.
+
+    Every field of LearnerConfig, SamplerConfig, GRPOConfig, BackendConfig, EpisodeLimits and
+    SamplingConfig is also read from LEARNER_<FIELD> (README: `coevolve learner`)."""
+    from coevolve.services.agent.config import BackendConfig, EpisodeLimits, SamplingConfig
+    from coevolve.services.learner.config import GRPOConfig, LearnerConfig, SamplerConfig
+    from coevolve.services.learner.service import Learner
+    from coevolve.services.runtime.config import ConfigError
+
+    cfg = _load(LearnerConfig, "learner", dict(
+        kafka_bootstrap=bootstrap, workdir=workdir, run_id=run_id, resume=True if resume else None, steps=steps,
+        metrics_port=metrics_port, metrics_host=metrics_host))
+    grpo = _load(GRPOConfig, "learner", {})
+    sampler = _load(SamplerConfig, "learner", {})
+    backend_cfg = _load(BackendConfig, "learner", {"model": model, "backend": backend, "base_url": base_url})
+    limits = _load(EpisodeLimits, "learner", {})
+    sampling = _load(SamplingConfig, "learner", {"max_new_tokens": max_new_tokens})
+    try:
+        service = Learner(cfg, grpo, sampler, backend_cfg, limits, sampling.max_new_tokens)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    service.serve_until_signalled()
+    print(f"learner {service.run_id} completed step {service.done} of {cfg.steps}", flush=True)
+
+
 def main() -> None:
     try:
         app()

@@ -12,6 +12,7 @@ from typing import Callable, Sequence
 from coevolve.services.agent.generation import BackendStats, Completion, Request
 from coevolve.services.agent.config import SamplingConfig
 from coevolve.services.agent.templates import ChatTemplate
+from coevolve.services.envs.base import StepResult
 
 CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
           "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
@@ -91,3 +92,27 @@ def reference_script(task) -> Script:
             return "[" + ", ".join(task.reference[turn]) + "]"
         return "Done."
     return script
+
+
+class OneTurn:
+    """A one-turn environment: the prompt, then the episode ends after the first answer."""
+
+    name = "toy"
+
+    def __init__(self):
+        self.turn = 0
+
+    def reset(self, task):
+        self.turn = 0
+        return [{"role": "user", "content": task.turns[0]}]
+
+    def step(self, action):
+        self.turn = 1
+        return StepResult([], True, 0.0, False)
+
+    def verdicts(self):
+        return []
+
+    def terminate(self, reason):
+        self.turn = 1
+        return StepResult([], True, 0.0, False, {"terminated": reason})

@@ -2,7 +2,8 @@
 
 A `Request` carries chat messages and, for backends that own the tokenizer, the exact prompt ids
 (token-in); a `Completion` carries the text, the generated ids, the log-probability of each under the
-model (raw logits, as the learner's forward pass computes them), why it stopped, and the policy
+distribution it was sampled from (logits divided by the sampling temperature, as the learner's
+`grpo.token_logprobs` computes them, so a GRPO ratio before any update is 1), why it stopped, and the policy
 version of the weights that produced it. A failed request comes back as a completion with `error`
 set, never as an exception, so one bad request cannot stop a batch of episodes.
 """

@@ -1,7 +1,8 @@
 """transformers `generate`: the fallback where vLLM is absent, and the reference vLLM is tested against.
 
-Requests are left-padded into batches of `batch_size`. Log-probabilities come from the raw logits of
-each step (`output_logits`), the same distribution vLLM reports. There is no prefix cache: every turn
+Requests are left-padded into batches of `batch_size`. Log-probabilities come from each step's
+processed scores (`output_scores`: logits divided by the temperature, top-p applied), the
+distribution the token was sampled from and the one vLLM reports (`vllm_quirks`). There is no prefix cache: every turn
 of every episode recomputes its whole prompt, which is why vLLM is the default for rollouts.
 """
 from __future__ import annotations
@@ -78,9 +79,9 @@ class TransformersBackend:
         with torch.no_grad():
             out = self.net.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=max(budgets),
                                     eos_token_id=self.stop_ids, pad_token_id=self.pad_id,
-                                    return_dict_in_generate=True, output_logits=True, **kwargs)
+                                    return_dict_in_generate=True, output_scores=True, **kwargs)
         generated = out.sequences[:, width:].tolist()
-        logprobs = torch.stack(out.logits, dim=1).float().log_softmax(-1) if out.logits else None
+        logprobs = torch.stack(out.scores, dim=1).float().log_softmax(-1) if out.scores else None
         return [self._completion(row, logprobs[b] if logprobs is not None else None, budgets[b], len(prompts[b]),
                                  sampling) for b, row in enumerate(generated)]
 

@@ -12,6 +12,10 @@
 - **Weight updates.** The model's own `load_weights` fails on CPU (`'Parameter' object has no
   attribute 'weight_loader'`); the model runner's `reload_weights` works (0.8 s for 135M parameters).
   The prefix cache holds keys and values computed with the old weights, so it is reset afterwards.
+  On CPU every linear layer, the LM head included, runs from a copy of its weight packed for oneDNN
+  when it is loaded; `reload_weights` repacks the layers whose weights it loads, but a head tied to
+  the embeddings (SmolLM2's) is never named in the weights, so it kept sampling from the *old*
+  embeddings (its log-probs matched neither policy). Its packing is redone after every reload.
 - **Seeds.** On CPU a request with its own `seed` fails once chunked prefill splits a batch ("CPU
   Generator does not use offset"), and takes every request of that engine step with it. Requests
   therefore carry no seed on CPU; the engine's seed makes sampling repeatable for the same sequence of
@@ -20,6 +24,9 @@
   no such process, so none is reserved (one timing here, 2 cores: 26 -> 34 generated tokens/s).
 - **dtype.** bfloat16 runs on this CPU's AMX units: about 3x float32's generation rate (one timing
   here: 34 -> 102 tokens/s, 16 BFCL prompts, 64 new tokens); float32 where outputs are compared.
+- **Log-probs.** By default vLLM reports raw log-probs (temperature 1) whatever the sampling
+  temperature; the learner's ratio needs those of the distribution sampled from, so the engine runs
+  with `logprobs_mode="processed_logprobs"` (after temperature and top-p).
 - **Structured output** is `SamplingParams(structured_outputs=StructuredOutputsParams(json=schema))`.
   JSON's grammar allows whitespace between tokens, and a small or random model fills it until the
   token limit; the engine-wide `disable_any_whitespace` (xgrammar; the per-request field of the same name
@@ -59,7 +66,7 @@ def engine_arguments(model: str, *, dtype: str, max_model_len: int, enforce_eage
     return {"structured_outputs_config": StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True),
             "model": model, "tokenizer": model, "dtype": dtype, "max_model_len": max_model_len,
             "enforce_eager": enforce_eager, "seed": seed, "enable_prefix_caching": True,
-            "gpu_memory_utilization": gpu_memory_utilization}
+            "gpu_memory_utilization": gpu_memory_utilization, "logprobs_mode": "processed_logprobs"}
 
 
 def reload_weights(llm: Any, named_tensors: Iterable[tuple[str, Any]]) -> None:
@@ -69,8 +76,19 @@ def reload_weights(llm: Any, named_tensors: Iterable[tuple[str, Any]]) -> None:
     if executor is None:
         raise RuntimeError("the vLLM engine runs in another process; set VLLM_ENABLE_V1_MULTIPROCESSING=0 "
                            "before building it (prepare_environment) to update its weights in place")
-    executor.driver_worker.worker.model_runner.reload_weights(weights_iterator=iter(named_tensors))
+    runner = executor.driver_worker.worker.model_runner
+    runner.reload_weights(weights_iterator=iter(named_tensors))
+    _repack_tied_head(runner.model)
     llm.reset_prefix_cache()
+
+
+def _repack_tied_head(model: Any) -> None:
+    """Rebuild the LM head's packed kernel when it shares its weight with the input embeddings."""
+    head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    method = getattr(head, "quant_method", None)
+    if method is not None and embed is not None and getattr(head, "weight", None) is getattr(embed, "weight", 0):
+        method.process_weights_after_loading(head)
 
 
 def structured_params(schema: dict[str, Any]) -> Any:

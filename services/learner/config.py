@@ -32,6 +32,8 @@ class GRPOConfig:
     max_grad_norm: float = doc(1.0, "Clip the global gradient norm to this; 0 disables clipping.")
     micro_batch_size: int = doc(4, "Sequences per forward/backward; gradients accumulate over a step's batch.")
     seed: int = doc(0, "Seed of torch's generator for the learner.")
+    autocast: str = doc("off", "Mixed precision of the forward and backward: off (float32) or bf16 (torch.autocast; "
+                        "weights and optimizer stay float32).")
     deepspeed_config: str = doc("", "Path of a DeepSpeed JSON config (ZeRO stage 0-2); empty trains with plain torch.")
     lora_rank: int = doc(0, "LoRA rank through peft; 0 trains every weight.")
     lora_alpha: int = doc(16, "LoRA alpha (scale alpha / rank).")
@@ -52,6 +54,8 @@ class GRPOConfig:
             raise ConfigError(f"reward={self.reward!r} is unknown; use one of {', '.join(REWARDS)}")
         if self.adv_eps <= 0 or self.temperature <= 0:
             raise ConfigError("adv_eps and temperature must be positive; sample with temperature > 0 to train")
+        if self.autocast not in ("off", "bf16"):
+            raise ConfigError(f"autocast={self.autocast!r}: choose off or bf16")
         if self.micro_batch_size < 1:
             raise ConfigError(f"micro_batch_size must be at least 1 (got {self.micro_batch_size})")
         if self.lora_rank < 0 or self.lora_alpha <= 0:
@@ -81,3 +85,69 @@ def read_deepspeed_config(path: str) -> dict:
     if stage not in (0, 1, 2):
         raise ConfigError(f"ZeRO stage {stage!r} in {path!r} is not supported by the learner yet; use 0, 1 or 2")
     return config
+
+
+SAMPLERS = ("streaming", "static")
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    """Which tasks each step trains on: the seed split plus the validated tasks of `coevolve.tasks`."""
+
+    sampler: str = doc("streaming", "streaming (new tasks join between steps) or static (read coevolve.tasks "
+                       "for static_wait_s before step 1, then freeze: the paper's static ablation).")
+    synthetic_share: float = doc(-1.0, "Share of each batch drawn from synthesized tasks when there are any; "
+                                 "-1 (default, the paper's mixing) draws uniformly over the whole pool.")
+    recency_half_life: float = doc(0.0, "Halve a synthesized task's sampling weight every this many steps "
+                                   "after it joined; 0 keeps every task's weight equal.")
+    static_wait_s: float = doc(0.0, "static: seconds to read coevolve.tasks before training starts.")
+
+    def __post_init__(self) -> None:
+        if self.sampler not in SAMPLERS:
+            raise ConfigError(f"sampler={self.sampler!r}: choose one of {', '.join(SAMPLERS)}")
+        if not (self.synthetic_share == -1 or 0 <= self.synthetic_share <= 1):
+            raise ConfigError(f"synthetic_share={self.synthetic_share}: use a share in [0, 1], or -1 to draw "
+                              "uniformly over the whole pool")
+        if self.recency_half_life < 0 or self.static_wait_s < 0:
+            raise ConfigError("recency_half_life and static_wait_s must be >= 0")
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    """Broker, run, batch shape, checkpoints and evaluation of `coevolve learner`."""
+
+    kafka_bootstrap: str = doc("127.0.0.1:9092", "Kafka bootstrap address HOST:PORT.")
+    workdir: Path = doc(Path(".coevolve/learner"), "Where checkpoints are kept.")
+    run_id: str = doc("", "Run id stamped on every event; empty: run-<UTC time> (a resumed run keeps its own).")
+    resume: bool = doc(False, "Continue the run in workdir from its latest checkpoint (fresh if there is none).")
+    steps: int = doc(10, "Training steps to complete (numbered 1..steps).")
+    batch_tasks: int = doc(2, "Tasks per step (B).")
+    group_size: int = doc(4, "Rollouts per task (K).")
+    categories: str = doc("multi_turn_base", "Comma-separated BFCL categories of the seed pool.")
+    seed_tasks: int = doc(0, "Seed tasks taken from the train split of those categories; 0 takes all.")
+    eval_every: int = doc(0, "Evaluate greedily every this many steps and after the last; 0 never.")
+    eval_split: str = doc("test", "Split evaluated: test (held out), train or all.")
+    eval_tasks: int = doc(0, "Tasks of the split evaluated; 0 evaluates all.")
+    checkpoint_every: int = doc(1, "Checkpoint every this many steps (and always at the end or on stop).")
+    keep_checkpoints: int = doc(2, "Checkpoints kept in workdir (older ones are deleted); 0 keeps all.")
+    dynamic_sampling: bool = doc(False, "Replace groups whose K rewards are all equal with new draws (DAPO).")
+    max_resample: int = doc(2, "Dynamic sampling: rounds of redraws per step at most.")
+    in_flight: int = doc(64, "Episodes run at once; their generations are batched.")
+    metrics_port: int = doc(-1, "Port of /healthz and /metrics; 0 picks one, -1 disables.")
+    metrics_host: str = doc("127.0.0.1", "Address /healthz and /metrics listen on (0.0.0.0 in a pod).")
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_tasks", "group_size", "checkpoint_every", "in_flight"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}={getattr(self, name)} must be at least 1")
+        for name in ("seed_tasks", "eval_every", "eval_tasks", "max_resample", "keep_checkpoints"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name}={getattr(self, name)} must be >= 0")
+        if self.eval_split not in ("test", "train", "all"):
+            raise ConfigError(f"eval_split={self.eval_split!r}: choose test, train or all")
+        if not self.category_list:
+            raise ConfigError("categories is empty; name at least one BFCL category, e.g. multi_turn_base")
+
+    @property
+    def category_list(self) -> list[str]:
+        return [c.strip() for c in self.categories.split(",") if c.strip()]

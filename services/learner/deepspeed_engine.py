@@ -81,8 +81,9 @@ class DeepSpeedEngine(Engine):
     def policy_module(self) -> torch.nn.Module:
         return self.ds.module
 
-    def _forward(self, mb: Collated) -> torch.Tensor:
-        return self.ds(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits
+    def _forward(self, mb: Collated, keep: torch.Tensor) -> torch.Tensor:
+        return self.ds(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False,
+                       logits_to_keep=keep).logits
 
     def _backward(self, loss: torch.Tensor) -> None:
         self.ds.backward(loss, scale_wrt_gas=False)

@@ -38,7 +38,8 @@ class Engine:
         self.model = model
 
     # Subclass hooks.
-    def _forward(self, mb: Collated) -> torch.Tensor:
+    def _forward(self, mb: Collated, keep: torch.Tensor) -> torch.Tensor:
+        """Logits (B, P, V) at the positions `keep` only (transformers' `logits_to_keep`)."""
         raise NotImplementedError
 
     def _backward(self, loss: torch.Tensor) -> None:
@@ -61,10 +62,11 @@ class Engine:
         self.model.train()
         counts = torch.tensor([s.loss_tokens for s in batch])
         scales = grpo.sequence_scales(counts, cfg.loss_agg)
-        sums = dict.fromkeys(("loss", "pg_loss", "kl", "clipped"), 0.0)
+        sums = dict.fromkeys(("loss", "pg_loss", "kl", "clipped", "abs_log_ratio"), 0.0)
         for part in micro_batches(len(batch), cfg.micro_batch_size):
             mb = collate(batch[part], self.pad_id).to(self.device)
-            loss, stats = self._micro_loss(mb, scales[part].to(self.device))
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=cfg.autocast == "bf16"):
+                loss, stats = self._micro_loss(mb, scales[part].to(self.device))
             self._backward(loss)
             for key, value in stats.items():
                 sums[key] += value
@@ -75,34 +77,39 @@ class Engine:
         return {
             "loss": sums["loss"], "pg_loss": sums["pg_loss"], "kl": sums["kl"],
             "clip_fraction": sums["clipped"] / max(loss_tokens, 1), "grad_norm": grad_norm,
+            "abs_log_ratio": sums["abs_log_ratio"] / max(loss_tokens, 1),
             "loss_tokens": float(loss_tokens), "tokens": float(sum(len(s.token_ids) for s in batch)),
             "sequences": float(len(batch)), "step_seconds": seconds,
         }
 
     def _micro_loss(self, mb: Collated, scales: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = self.config
-        logp = grpo.token_logprobs(self._forward(mb), mb.input_ids, cfg.temperature)
+        keep = grpo.kept_positions(mb.loss_mask)
+        logp = grpo.kept_logprobs(self._forward(mb, keep), mb.input_ids, keep, cfg.temperature)
         pg, clipped = grpo.clipped_pg_loss(logp, mb.old_logprobs, mb.advantages, mb.loss_mask,
                                            cfg.clip_low, cfg.clip_high)
         pg_loss = grpo.aggregate(pg, mb.loss_mask, scales)
         loss, kl_value = pg_loss, 0.0
         if cfg.kl_beta > 0:
-            kl = grpo.aggregate(grpo.k3_kl(logp, self._reference_logprobs(mb), mb.loss_mask),
+            kl = grpo.aggregate(grpo.k3_kl(logp, self._reference_logprobs(mb, keep), mb.loss_mask),
                                 mb.loss_mask, scales)
             loss = pg_loss + cfg.kl_beta * kl
             kl_value = float(kl.detach())
+        # every micro-batch runs before the one optimizer step, so this is the rollout/trainer mismatch
+        gap = (logp.detach() - mb.old_logprobs).abs()
+        drift = float(torch.where(mb.loss_mask.bool(), gap, torch.zeros_like(gap)).sum())
         return loss, {"loss": float(loss.detach()), "pg_loss": float(pg_loss.detach()), "kl": kl_value,
-                      "clipped": float(clipped.sum())}
+                      "clipped": float(clipped.sum()), "abs_log_ratio": drift}
 
     @torch.no_grad()
-    def _reference_logprobs(self, mb: Collated) -> torch.Tensor:
+    def _reference_logprobs(self, mb: Collated, keep: torch.Tensor) -> torch.Tensor:
         if self.reference is not None:
             logits = self.reference(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
-                                    use_cache=False).logits
+                                    use_cache=False, logits_to_keep=keep).logits
         else:
             with self.policy_module.disable_adapter():
-                logits = self._forward(mb)
-        return grpo.token_logprobs(logits, mb.input_ids, self.config.temperature)
+                logits = self._forward(mb, keep)
+        return grpo.kept_logprobs(logits, mb.input_ids, keep, self.config.temperature)
 
     @property
     def policy_module(self) -> torch.nn.Module:
@@ -132,8 +139,9 @@ class TorchEngine(Engine):
         self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
         self.optimizer.zero_grad(set_to_none=True)
 
-    def _forward(self, mb: Collated) -> torch.Tensor:
-        return self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits
+    def _forward(self, mb: Collated, keep: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False,
+                          logits_to_keep=keep).logits
 
     def _backward(self, loss: torch.Tensor) -> None:
         loss.backward()

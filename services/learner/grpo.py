@@ -65,6 +65,28 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor,
     return torch.cat([torch.zeros_like(out[:, :1]), out], dim=1)
 
 
+def kept_positions(mask: torch.Tensor) -> torch.Tensor:
+    """The logit positions a masked loss needs: t - 1 for every t that is 1 in any row of `mask`.
+
+    A multi-turn episode is mostly prompt and tool output; computing the (T, V) logits only where a
+    generated token is predicted saves most of the LM head's time and memory.
+    """
+    return torch.nonzero(mask[:, 1:].bool().any(0)).flatten()
+
+
+def kept_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, positions: torch.Tensor,
+                  temperature: float = 1.0) -> torch.Tensor:
+    """`token_logprobs` from logits computed only at `positions` (B, P, V); 0 at every other position.
+
+    logits[:, j] is the prediction at position positions[j], i.e. of token positions[j] + 1.
+    """
+    scaled = logits.float() / temperature
+    targets = token_ids[:, positions + 1]
+    picked = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
+    out = torch.zeros(token_ids.shape, dtype=picked.dtype, device=picked.device)
+    return out.index_copy(1, positions + 1, picked)
+
+
 def clipped_pg_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
                     mask: torch.Tensor, clip_low: float = 0.20,
                     clip_high: float = 0.28) -> tuple[torch.Tensor, torch.Tensor]:

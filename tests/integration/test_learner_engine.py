@@ -111,3 +111,15 @@ def test_lora_trains_adapters_only_and_exports_merged_base_names():
 def test_an_empty_batch_is_refused():
     with pytest.raises(ValueError, match="at least one sequence"):
         engine().train_step([])
+
+
+def test_bf16_autocast_trains_float32_weights_to_nearly_the_same_update():
+    full, mixed = engine(), engine(autocast="bf16")
+    start = weights(full)
+    a, b = full.train_step(make_batch()), mixed.train_step(make_batch())
+    assert b["loss"] == pytest.approx(a["loss"], rel=0.05, abs=0.02)
+    assert all(t.dtype == torch.float32 for _, t in mixed.named_parameters())
+    # Adam's first step moves each weight by about lr * sign(gradient): compare the update directions
+    da = torch.cat([(t - start[k]).flatten() for k, t in weights(full).items()])
+    db = torch.cat([(t - start[k]).flatten() for k, t in weights(mixed).items()])
+    assert float(torch.nn.functional.cosine_similarity(da, db, dim=0)) > 0.8

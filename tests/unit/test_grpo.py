@@ -132,3 +132,18 @@ def test_a_batch_with_no_generated_token_aggregates_to_zero(mode):
 def test_unknown_aggregation_says_which_exist():
     with pytest.raises(ValueError, match="token-mean"):
         grpo.sequence_scales(torch.tensor([1]), "sum")
+
+
+def test_logprobs_from_kept_positions_equal_the_full_ones_where_the_mask_is_one():
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(2, 6, 11, generator=gen)
+    tokens = torch.randint(0, 11, (2, 6), generator=gen)
+    mask = torch.tensor([[0, 0, 1, 1, 0, 0], [0, 0, 0, 0, 1, 0]], dtype=torch.float32)
+    keep = grpo.kept_positions(mask)
+    assert keep.tolist() == [1, 2, 3]
+    full = grpo.token_logprobs(logits, tokens, temperature=0.7)
+    kept = grpo.kept_logprobs(logits[:, keep], tokens, keep, temperature=0.7)
+    assert torch.allclose(kept[mask.bool()], full[mask.bool()])
+    assert kept[:, [0, 1, 5]].abs().sum() == 0
+    empty = grpo.kept_positions(torch.zeros(2, 6))
+    assert grpo.kept_logprobs(logits[:, empty], tokens, empty).abs().sum() == 0

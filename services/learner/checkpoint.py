@@ -1,0 +1,101 @@
+"""Learner checkpoints: `<workdir>/checkpoints/step-000003/` and a `latest` pointer beside them.
+
+A checkpoint holds the policy weights (as the engine trains them: LoRA adapters unmerged), the
+optimizer state, and `state.json` (step, run id, policy version, sampler state, config). It is written
+to a temporary folder and renamed into place, and only then does `latest` move (written the same
+way), so a crash mid-write leaves the previous checkpoint current. DeepSpeed engines save through
+DeepSpeed's own checkpointing (its optimizer state is partitioned). Older checkpoints beyond `keep`
+are deleted: a SmolLM2 checkpoint with AdamW state is about 1.6 GB.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+LATEST = "latest"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A saved step, read back."""
+
+    path: Path
+    step: int
+    run_id: str
+    policy_version: int
+    sampler: dict[str, Any]
+    config: dict[str, Any]
+
+
+def checkpoints_dir(workdir: Path) -> Path:
+    return Path(workdir) / "checkpoints"
+
+
+def step_dir(workdir: Path, step: int) -> Path:
+    return checkpoints_dir(workdir) / f"step-{step:06d}"
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def save_checkpoint(workdir: Path, engine: Any, *, step: int, run_id: str, policy_version: int,
+                    sampler: dict[str, Any], config: dict[str, Any], keep: int = 2) -> Path:
+    """Write step `step`'s checkpoint, point `latest` at it, and keep only the newest `keep`."""
+    final = step_dir(workdir, step)
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    if hasattr(engine, "ds"):
+        engine.ds.save_checkpoint(str(tmp / "deepspeed"), tag="model")
+    else:
+        torch.save(engine.policy_module.state_dict(), tmp / "policy.pt")
+        torch.save(engine.optimizer.state_dict(), tmp / "optimizer.pt")
+    state = {"step": step, "run_id": run_id, "policy_version": policy_version, "engine_steps": engine.steps,
+             "sampler": sampler, "config": config}
+    (tmp / "state.json").write_text(json.dumps(state, default=str), encoding="utf-8")
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    _write_text(checkpoints_dir(workdir) / LATEST, final.name + "\n")
+    _prune(workdir, keep)
+    return final
+
+
+def _prune(workdir: Path, keep: int) -> None:
+    saved = sorted(p for p in checkpoints_dir(workdir).glob("step-*") if p.is_dir() and not p.name.endswith(".tmp"))
+    for old in saved[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def latest_checkpoint(workdir: Path) -> Checkpoint | None:
+    """The checkpoint `latest` names, or None when the workdir has none."""
+    pointer = checkpoints_dir(workdir) / LATEST
+    if not pointer.is_file():
+        return None
+    path = checkpoints_dir(workdir) / pointer.read_text(encoding="utf-8").strip()
+    state_file = path / "state.json"
+    if not state_file.is_file():
+        raise FileNotFoundError(f"{pointer} names {path.name}, which has no state.json; remove the pointer "
+                                "to start over, or point it at an intact checkpoint")
+    state = json.loads(state_file.read_text(encoding="utf-8"))
+    return Checkpoint(path, int(state["step"]), str(state["run_id"]), int(state["policy_version"]),
+                      state["sampler"], state.get("config", {}))
+
+
+def restore_engine(engine: Any, checkpoint: Checkpoint) -> None:
+    """Load the policy and optimizer state of `checkpoint` into `engine`."""
+    if hasattr(engine, "ds"):
+        engine.ds.load_checkpoint(str(checkpoint.path / "deepspeed"), tag="model")
+    else:
+        engine.policy_module.load_state_dict(torch.load(checkpoint.path / "policy.pt", weights_only=True))
+        engine.optimizer.load_state_dict(torch.load(checkpoint.path / "optimizer.pt", weights_only=True))
+    state = json.loads((checkpoint.path / "state.json").read_text(encoding="utf-8"))
+    engine.steps = int(state.get("engine_steps", checkpoint.step))

@@ -1,0 +1,42 @@
+"""Evaluation during training: greedy episodes on the held-out split, as `coevolve eval` runs them.
+
+The task selection and the summary are `services.agent.evaluate`'s; only the backend differs: the
+learner's own rollout engine, holding the current policy, so no second model is loaded.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from coevolve.services.agent.config import BackendConfig, EpisodeLimits, SamplingConfig
+from coevolve.services.agent.episodes import run_episodes
+from coevolve.services.agent.evaluate import EvalConfig, eval_tasks, summarize
+from coevolve.services.learner.config import LearnerConfig
+
+
+def evaluation_event_id(run_id: str, step: int, split: str) -> str:
+    return f"eval-{run_id}-{step}-{split}"
+
+
+def evaluate(backend: Any, backend_cfg: BackendConfig, cfg: LearnerConfig, limits: EpisodeLimits,
+             max_new_tokens: int, run_id: str, step: int) -> dict[str, Any]:
+    """Evaluate the backend's current policy greedily; return the `EvaluationCompleted` record."""
+    config = EvalConfig(split=cfg.eval_split, limit=cfg.eval_tasks, in_flight=cfg.in_flight,
+                        max_new_tokens=max_new_tokens)
+    tasks = eval_tasks(config)
+    started = time.monotonic()
+    greedy = SamplingConfig(temperature=0.0, max_new_tokens=max_new_tokens)
+    episodes = run_episodes(tasks, config.env, backend, greedy, limits, max_in_flight=config.in_flight)
+    summary = summarize(episodes, backend_cfg, config, time.monotonic() - started)
+    return {"event_id": evaluation_event_id(run_id, step, cfg.eval_split), "run_id": run_id, "step": step,
+            "policy_version": backend.version, "split": cfg.eval_split, "env": config.env,
+            "task_count": summary["tasks"], "success_rate": summary["accuracy"],
+            "mean_score": summary["mean_score"], "task_ids": [r["task_id"] for r in summary["results"]],
+            "scores": [float(r["score"]) for r in summary["results"]], "duration_seconds": summary["seconds"],
+            "produced_at": int(time.time() * 1000)}
+
+
+def due(cfg: LearnerConfig, step: int) -> bool:
+    """Whether step `step` ends with an evaluation: every `eval_every` steps and after the last."""
+    return cfg.eval_every > 0 and (step % cfg.eval_every == 0 or step == cfg.steps)
+

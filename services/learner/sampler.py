@@ -1,0 +1,191 @@
+"""The learner's task pool: the seed training split plus the validated tasks of `coevolve.tasks`.
+
+`TaskFeed` follows the compacted topic from its beginning in a background thread (no consumer group:
+the catalog is rebuilt at every start) and only buffers what arrives. `TaskPool.refresh()`, called
+between steps, takes the buffer in: the latest verdict per task id wins, so a validated task joins and a
+task rejected later leaves. A step therefore never sees the pool change under it, and the learner
+never waits on the explorer or validator: `refresh()` returns the seconds spent taking tasks in, the
+numerator of the blocked share.
+
+Mixing. The paper adds validated tasks to the training distribution and samples from it; the default
+(`synthetic_share = -1`) does that, drawing uniformly over the whole pool, so synthesized tasks get a
+share proportional to their number. A share in [0, 1] instead draws each batch slot from the
+synthesized tasks with that probability (when there are any). `recency_half_life` halves a
+synthesized task's weight every so many steps after it joined. Seed tasks are the fixed training split:
+verdicts never remove them. A batch holds distinct tasks while the pool has enough of them.
+"""
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from coevolve.services.envs.base import Task
+from coevolve.services.learner.config import SamplerConfig
+from coevolve.services.runtime.log import get_logger
+
+log = get_logger("learner.sampler")
+
+
+@dataclass(frozen=True)
+class Drawn:
+    """A task drawn for a step, and whether it came from the seed split or the loop."""
+
+    task: Task
+    source: str  # "seed" or "synthesized", as TrajectoryRecorded.task_source
+
+
+class TaskPool:
+    """Seed tasks and synthesized tasks; arrivals wait in a buffer until `refresh()`."""
+
+    def __init__(self, seed_tasks: Sequence[Task], config: SamplerConfig, seed: int = 0):
+        self.config = config
+        self.seed = {t.task_id: t for t in seed_tasks}
+        self.synthesized: dict[str, tuple[Task, int]] = {}  # task id -> (task, step it joined)
+        self.rng = random.Random(seed)
+        self.step = 0
+        self.frozen = False
+        self.invalid = 0
+        self._pending: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    # -- arrivals (any thread) --
+    def offer(self, record: dict[str, Any]) -> None:
+        """Buffer one `TaskChecked` record; it takes effect at the next `refresh()`."""
+        with self._lock:
+            self._pending.append(record)
+
+    @property
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._pending)
+
+    # -- between steps (the learner's thread) --
+    def refresh(self, step: int) -> float:
+        """Apply the buffered verdicts before `step`; return the seconds it took (blocked time)."""
+        started = time.perf_counter()
+        self.step = step
+        if not self.frozen:
+            with self._lock:
+                records, self._pending = self._pending, []
+            for record in records:
+                self._apply(record, step)
+        return time.perf_counter() - started
+
+    def _apply(self, record: dict[str, Any], step: int) -> None:
+        task_id = str(record.get("task_id", ""))
+        if task_id in self.seed:
+            return
+        if record.get("verdict") != "validated":
+            self.synthesized.pop(task_id, None)
+            return
+        try:
+            task = Task.from_record(record)
+        except (KeyError, TypeError, ValueError) as err:
+            self.invalid += 1
+            log.warning("sampler.invalid_task", task_id=task_id, reason=str(err))
+            return
+        known = self.synthesized.get(task_id)
+        if known is None or known[0] != task:
+            self.synthesized[task_id] = (task, step)
+
+    def freeze(self) -> None:
+        """Stop taking tasks in (the static ablation); buffered and later arrivals are ignored."""
+        self.frozen = True
+        with self._lock:
+            self._pending.clear()
+
+    @property
+    def size(self) -> int:
+        return len(self.seed) + len(self.synthesized)
+
+    def weight(self, task_id: str) -> float:
+        """A synthesized task's recency weight at the current step (1 without a half-life)."""
+        half_life = self.config.recency_half_life
+        if not half_life:
+            return 1.0
+        return 0.5 ** ((self.step - self.synthesized[task_id][1]) / half_life)
+
+    def sample(self, n: int) -> list[Drawn]:
+        """Draw `n` tasks for the current step by the configured mixing."""
+        seed = [Drawn(self.seed[k], "seed") for k in sorted(self.seed)]
+        synth = [Drawn(self.synthesized[k][0], "synthesized") for k in sorted(self.synthesized)]
+        synth_w = [self.weight(d.task.task_id) for d in synth]
+        if not seed and not synth:
+            raise RuntimeError("the task pool is empty: give seed categories with train tasks, or wait for "
+                               "validated tasks")
+        share = self.config.synthetic_share
+        if share < 0 or not synth or not seed:
+            return _weighted(self.rng, seed + synth, [1.0] * len(seed) + synth_w, n)
+        from_synth = sum(self.rng.random() < share for _ in range(n))
+        drawn = _weighted(self.rng, synth, synth_w, from_synth) + _weighted(self.rng, seed, [1.0] * len(seed),
+                                                                            n - from_synth)
+        self.rng.shuffle(drawn)
+        return drawn
+
+    # -- checkpoints --
+    def state(self) -> dict[str, Any]:
+        """Everything a resumed run needs: the RNG, the step, and the synthesized tasks with their age."""
+        version, internal, gauss = self.rng.getstate()
+        return {"rng": [version, list(internal), gauss], "step": self.step, "frozen": self.frozen,
+                "synthesized": [{"task": t.to_record(), "joined": joined}
+                                for t, joined in (self.synthesized[k] for k in sorted(self.synthesized))]}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        version, internal, gauss = state["rng"]
+        self.rng.setstate((version, tuple(internal), gauss))
+        self.step = int(state["step"])
+        self.frozen = bool(state.get("frozen", False))
+        self.synthesized = {}
+        for entry in state["synthesized"]:
+            task = Task.from_record(entry["task"])
+            self.synthesized[task.task_id] = (task, int(entry["joined"]))
+
+
+def _weighted(rng: random.Random, items: list[Drawn], weights: list[float], n: int) -> list[Drawn]:
+    """`n` items by weight, distinct while there are enough (Efraimidis-Spirakis keys), then again."""
+    out: list[Drawn] = []
+    while len(out) < n and items:
+        keys = sorted(range(len(items)), key=lambda i: rng.random() ** (1.0 / max(weights[i], 1e-12)),
+                      reverse=True)
+        out += [items[i] for i in keys[:n - len(out)]]
+    return out
+
+
+class TaskFeed:
+    """A daemon thread reading `coevolve.tasks` from the beginning into `pool.offer`."""
+
+    def __init__(self, make_consumer: Callable[[], Any], pool: TaskPool, poll_s: float = 0.2):
+        self.make_consumer, self.pool, self.poll_s = make_consumer, pool, poll_s
+        self.received = 0
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="learner-task-feed", daemon=True)
+
+    def start(self) -> "TaskFeed":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        consumer = None
+        try:
+            consumer = self.make_consumer()
+            while not self._stop.is_set():
+                for item in consumer.poll(self.poll_s):
+                    if item.name == "TaskChecked":
+                        self.pool.offer(item.event)
+                        self.received += 1
+        except Exception as exc:  # the learner keeps training on the pool it has; health reports it
+            self.error = f"{type(exc).__name__}: {exc}"
+            log.error("sampler.feed_failed", error=self.error)
+        finally:
+            if consumer is not None:
+                consumer.close()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)

@@ -1,0 +1,230 @@
+"""`coevolve learner`: GRPO steps on the streaming task pool, published as events (a runtime.Service).
+
+Each `step()` of the service loop is one training step: take arrived tasks into the pool (the only
+time the learner waits on the loop), run the GRPO step (`step.StepRunner`), evaluate when due, then
+publish every trajectory, the `EvaluationCompleted` if any, and the `StepCompleted`, each batch
+confirmed by the broker before the next, and checkpoint. A SIGTERM or SIGINT stops the loop at the
+next step boundary; `finish()` checkpoints the last completed step. Event ids derive from (run,
+step, task, rollout), so a step re-run after a crash republishes the same ids, which consumers absorb.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from coevolve.services.agent.config import BackendConfig, EpisodeLimits, SamplingConfig
+from coevolve.services.kafka.topics import EVALUATIONS, STEPS, TASKS, TRAJECTORIES
+from coevolve.services.learner import checkpoint as ckpt
+from coevolve.services.learner.config import GRPOConfig, LearnerConfig, SamplerConfig
+from coevolve.services.learner.evaluation import due, evaluate
+from coevolve.services.learner.sampler import TaskFeed, TaskPool
+from coevolve.services.learner.step import Reward, StepResult, StepRunner
+from coevolve.services.runtime.config import ConfigError
+from coevolve.services.runtime.service import Service
+
+PHASES = ("rollout", "scoring", "training", "push", "publish", "blocked")
+
+
+def resolve_run(cfg: LearnerConfig) -> tuple[str, ckpt.Checkpoint | None]:
+    """The run id and the checkpoint to continue from; refuse to overwrite a run without --resume."""
+    found = ckpt.latest_checkpoint(cfg.workdir)
+    if found is not None and not cfg.resume:
+        raise ConfigError(f"{cfg.workdir} holds a checkpoint of run {found.run_id} at step {found.step}; pass "
+                          "--resume to continue it, or choose another --workdir")
+    if found is not None:
+        if cfg.run_id and cfg.run_id != found.run_id:
+            raise ConfigError(f"--run-id {cfg.run_id} differs from the checkpoint's run {found.run_id} in "
+                              f"{cfg.workdir}; drop --run-id to resume it")
+        return found.run_id, found
+    return cfg.run_id or datetime.now(timezone.utc).strftime("run-%Y%m%dT%H%M%SZ"), None
+
+
+class Learner(Service):
+    """The GRPO learner; `run()` returns after step `cfg.steps` or a stop signal."""
+
+    name = "learner"
+    commits = False  # it consumes no offsets: the task feed rereads its compacted topic at every start
+    stale_s = 3600.0  # a CPU step can take minutes; the loop beats once per step
+
+    def __init__(self, cfg: LearnerConfig, grpo: GRPOConfig, sampler: SamplerConfig, backend_cfg: BackendConfig,
+                 limits: EpisodeLimits | None = None, max_new_tokens: int = 256, reward: Reward | None = None):
+        super().__init__(cfg)
+        if backend_cfg.backend == "openai":
+            raise ConfigError("the learner trains the rollout policy in-process: use --backend vllm or "
+                              "transformers (openai serves fixed weights)")
+        self.grpo, self.sampler_cfg, self.backend_cfg = grpo, sampler, backend_cfg
+        self.limits = limits or EpisodeLimits()
+        self.sampling = SamplingConfig(temperature=grpo.temperature, top_p=1.0, max_new_tokens=max_new_tokens,
+                                       seed=backend_cfg.seed)
+        self.reward = reward
+        self.run_id, self.resumed = resolve_run(cfg)
+        self.done = self.resumed.step if self.resumed else 0
+        self.checkpointed = self.done
+        self.backend = self.engine = self.pool = self.feed = self.producer = self.runner = None
+        self.started = time.monotonic()
+        self.blocked = 0.0
+        self.last: StepResult | None = None
+        self._metrics()
+
+    def _metrics(self) -> None:
+        reg = self.registry
+        self.m_steps = Counter("learner_steps", "Training steps completed and published.", registry=reg)
+        self.m_trajectories = Counter("learner_trajectories", "Trajectories published.", registry=reg)
+        self.m_reward = Gauge("learner_train_reward", "Mean rollout reward of the last step.", registry=reg)
+        self.m_eval = Gauge("learner_eval_success_rate", "Held-out success rate at the last evaluation.",
+                            registry=reg)
+        self.m_version = Gauge("learner_policy_version", "Policy version in the rollout engine.", registry=reg)
+        self.m_pool = Gauge("learner_pool_tasks", "Tasks in the sampler's pool, by source.", ["source"], registry=reg)
+        self.m_step_s = Histogram("learner_step_seconds", "Wall time of a training step.", registry=reg,
+                                  buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1200, 3600))
+        self.m_phase = Counter("learner_phase_seconds", "Seconds spent per phase of the steps.", ["phase"],
+                               registry=reg)
+        self.m_blocked = Gauge("learner_blocked_share", "Share of wall time blocked on the loop (taking tasks in).",
+                               registry=reg)
+
+    def details(self) -> dict:
+        return {"run_id": self.run_id, "step": self.done, "pool": self.pool.size if self.pool else 0,
+                "feed_error": self.feed.error if self.feed else None}
+
+    def start(self) -> None:
+        from coevolve.services.agent.backends import make_backend
+        from coevolve.services.kafka.producer import EventProducer
+
+        self.pool = self._pool()
+        self.backend = make_backend(self.backend_cfg)
+        self.engine = self._engine()
+        if self.resumed is not None:
+            ckpt.restore_engine(self.engine, self.resumed)
+            self.pool.restore(self.resumed.sampler)
+            self.backend.update_weights(self.engine.named_parameters(), version=self.resumed.policy_version)
+        self.producer = EventProducer(self.cfg.kafka_bootstrap, client_id="coevolve-learner")
+        self.runner = StepRunner(self.cfg, self.grpo, self.pool, self.backend, self.engine, self.sampling,
+                                 self.limits, self.run_id, self.reward)
+        self._follow_tasks()
+        if self.cfg.resume and self.resumed is None:
+            self.log.info("learner.resume_fresh", workdir=str(self.cfg.workdir),
+                          reason="no checkpoint to resume from; starting at step 1")
+        self.log.info("learner.started", run_id=self.run_id, resumed_at=self.done, model=self.backend_cfg.model,
+                      backend=self.backend_cfg.backend, pool=self.pool.size, sampler=self.sampler_cfg.sampler)
+        if self.done >= self.cfg.steps:
+            self.stop()
+        self.started = time.monotonic()
+
+    def _pool(self) -> TaskPool:
+        from coevolve.services.envs.bfcl_data import load_tasks
+
+        seeds = load_tasks(self.cfg.category_list, split="train")
+        if self.cfg.seed_tasks:
+            seeds = seeds[:self.cfg.seed_tasks]
+        return TaskPool(seeds, self.sampler_cfg, seed=self.grpo.seed)
+
+    def _engine(self):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from coevolve.services.agent.models import resolve_model
+        from coevolve.services.learner.engines import build_engine
+
+        model_dir = resolve_model(self.backend_cfg.model, self.backend_cfg.coevolve_home)
+        policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        pad = self.backend.tokenizer.pad_token_id
+        return build_engine(policy, self.grpo, pad if pad is not None else 0)
+
+    def _follow_tasks(self) -> None:
+        """Start the task feed; in static mode read for `static_wait_s`, take the tasks in, then freeze."""
+        from coevolve.services.kafka.consumer import EventConsumer
+
+        if self.pool.frozen:
+            return
+        self.feed = TaskFeed(lambda: EventConsumer(self.cfg.kafka_bootstrap, [TASKS.name], service="learner"),
+                             self.pool).start()
+        if self.sampler_cfg.sampler == "static":
+            self._stop.wait(self.sampler_cfg.static_wait_s)  # a stop signal ends the wait early
+            self.pool.refresh(self.done + 1)
+            self.pool.freeze()
+            self.feed.stop()
+            self.log.info("learner.pool_frozen", pool=self.pool.size, synthesized=len(self.pool.synthesized))
+
+    def step(self) -> None:
+        """One training step, published and checkpointed; stop after the last."""
+        step = self.done + 1
+        blocked = self.pool.refresh(step)
+        result = self.runner.run(step, blocked)
+        evaluation = None
+        if due(self.cfg, step):
+            evaluation = evaluate(self.backend, self.backend_cfg, self.cfg, self.limits,
+                                  self.sampling.max_new_tokens, self.run_id, step)
+            result.record["eval_score"] = evaluation["success_rate"]
+        self._publish(result, evaluation)
+        self.done, self.last = step, result
+        self.blocked += blocked
+        self._observe(result, evaluation)
+        self.beat()
+        if step % self.cfg.checkpoint_every == 0 or step >= self.cfg.steps:
+            self._checkpoint()
+        if step >= self.cfg.steps:
+            self.stop()
+
+    def _publish(self, result: StepResult, evaluation: dict[str, Any] | None) -> None:
+        """Trajectories first, confirmed; then the evaluation and the step record."""
+        started = time.perf_counter()
+        for record in result.trajectories:
+            self.producer.send(TRAJECTORIES.name, record, key=record["task_id"])
+        self.producer.flush()
+        seconds = time.perf_counter() - started
+        result.record["publish_seconds"] = seconds
+        result.record["duration_seconds"] += seconds
+        if evaluation is not None:
+            self.producer.send(EVALUATIONS.name, evaluation, key=self.run_id)
+        self.producer.send(STEPS.name, result.record, key=self.run_id)
+        self.producer.flush()
+
+    def _observe(self, result: StepResult, evaluation: dict[str, Any] | None) -> None:
+        rec = result.record
+        self.m_steps.inc()
+        self.m_trajectories.inc(rec["trajectory_count"])
+        self.m_reward.set(rec["train_reward"])
+        self.m_version.set(rec["policy_version"])
+        self.m_pool.labels("seed").set(rec["pool_size"] - rec["pool_synthesized"])
+        self.m_pool.labels("synthesized").set(rec["pool_synthesized"])
+        self.m_step_s.observe(rec["duration_seconds"])
+        for phase in PHASES:
+            self.m_phase.labels(phase).inc(rec[f"{phase}_seconds"] or 0.0)
+        self.m_blocked.set(self.blocked_share)
+        if evaluation is not None:
+            self.m_eval.set(evaluation["success_rate"])
+        self.log.info("learner.step", step=rec["step"], reward=round(rec["train_reward"], 4), loss=rec["loss"],
+                      trajectories=rec["trajectory_count"], pool=rec["pool_size"],
+                      synthesized=rec["pool_synthesized"], version=rec["policy_version"],
+                      seconds=round(rec["duration_seconds"], 2), eval_score=rec["eval_score"])
+
+    @property
+    def blocked_share(self) -> float:
+        return self.blocked / max(time.monotonic() - self.started, 1e-9)
+
+    def _checkpoint(self) -> None:
+        configs = {name: dataclasses.asdict(c) for name, c in (("learner", self.cfg), ("grpo", self.grpo),
+                                                                 ("sampler", self.sampler_cfg),
+                                                                 ("backend", self.backend_cfg))}
+        path = ckpt.save_checkpoint(self.cfg.workdir, self.engine, step=self.done, run_id=self.run_id,
+                                    policy_version=self.backend.version, sampler=self.pool.state(),
+                                    config=configs, keep=self.cfg.keep_checkpoints)
+        self.checkpointed = self.done
+        self.log.info("learner.checkpointed", step=self.done, path=str(path))
+
+    def finish(self) -> None:
+        try:
+            if self.engine is not None and self.done > self.checkpointed:
+                self._checkpoint()
+        finally:
+            if self.feed is not None:
+                self.feed.stop()
+            for closable in (self.producer, self.backend):
+                if closable is not None:
+                    closable.close()
+            self.log.info("learner.finished", run_id=self.run_id, step=self.done,
+                          blocked_share=round(self.blocked_share, 6))

@@ -1,0 +1,179 @@
+"""One GRPO training step, top to bottom: sample, roll out, score, advantages, update, push.
+
+    drawn    = pool.sample(B)                                  # the pool changed only before this step
+    episodes = run_episodes(K copies of each task, backend)    # batched multi-turn rollouts
+    rewards  = success (binary) or fraction of turns passed (partial)
+    A_i      = (r_i - mean_group) / (std_group + eps)          # grpo.group_advantages
+    dynamic sampling: groups with equal rewards are replaced by new draws, up to max_resample rounds
+    engine.train_step(TrainSequences with A_i)                 # clipped ratio against rollout log-probs
+    backend.update_weights(policy, version + 1)                # the next rollouts use the new policy
+
+Every rollout of the step (dropped flat groups included) becomes a `TrajectoryRecorded` record, and
+the step a `StepCompleted` record; publishing them is the service's job, after the step is complete,
+so nothing of an abandoned step reaches the broker. Rollout log-probs are those of the tempered
+sampling distribution (the backends report them so), the same quantity `grpo.token_logprobs`
+computes with `GRPOConfig.temperature`, which is also the rollout temperature: the ratio is 1 before
+an update. `scoring_seconds` covers rewards and advantages; the environment's own turn checks run
+inside the episodes and count as rollout time.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from coevolve.services.agent.config import EpisodeLimits, SamplingConfig
+from coevolve.services.agent.episodes import Episode, run_episodes
+from coevolve.services.learner.batch import TrainSequence
+from coevolve.services.learner.config import GRPOConfig, LearnerConfig
+from coevolve.services.learner.grpo import group_advantages
+from coevolve.services.learner.sampler import Drawn, TaskPool
+
+Reward = Callable[[Episode], float]
+
+
+def reward_function(name: str) -> Reward:
+    """`binary`: 1 for a solved task, else 0 (the paper's); `partial`: the share of turns passed."""
+    if name == "binary":
+        return lambda episode: float(episode.success)
+    if name == "partial":
+        return lambda episode: float(episode.score)
+    raise ValueError(f"unknown reward {name!r}; use binary or partial")
+
+
+@dataclass
+class Group:
+    """The K rollouts of one drawn task and their rewards."""
+
+    drawn: Drawn
+    episodes: list[Episode]
+    rewards: list[float] = field(default_factory=list)
+
+    @property
+    def flat(self) -> bool:
+        return max(self.rewards) == min(self.rewards)
+
+
+@dataclass
+class StepResult:
+    """What a finished step publishes: its trajectories, then its `StepCompleted` record."""
+
+    step: int
+    trajectories: list[dict[str, Any]]
+    record: dict[str, Any]
+    train_metrics: dict[str, float]
+    trained: bool
+
+
+def step_event_id(run_id: str, step: int) -> str:
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"coevolve:{run_id}:step:{step}"))
+
+
+class StepRunner:
+    """Holds the pool, rollout backend and training engine; `run(step)` does one GRPO step."""
+
+    def __init__(self, cfg: LearnerConfig, grpo: GRPOConfig, pool: TaskPool, backend: Any, engine: Any,
+                 sampling: SamplingConfig, limits: EpisodeLimits, run_id: str, reward: Reward | None = None,
+                 env: str | Callable[[], Any] = "bfcl"):
+        self.cfg, self.grpo, self.pool, self.backend, self.engine = cfg, grpo, pool, backend, engine
+        self.env = env
+        self.sampling, self.limits, self.run_id = sampling, limits, run_id
+        self.reward = reward or reward_function(grpo.reward)
+        self.times: dict[str, float] = {}
+
+    def _timed(self, name: str, work: Callable[[], Any]) -> Any:
+        started = time.perf_counter()
+        try:
+            return work()
+        finally:
+            self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - started
+
+    def roll_out(self, drawn: Sequence[Drawn]) -> list[Group]:
+        """K rollouts of every drawn task in one batched run, scored."""
+        k = self.cfg.group_size
+        tasks = [d.task for d in drawn for _ in range(k)]
+        episodes = self._timed("rollout", lambda: run_episodes(
+            tasks, self.env, self.backend, self.sampling, self.limits, max_in_flight=self.cfg.in_flight))
+        groups = [Group(d, episodes[i * k:(i + 1) * k]) for i, d in enumerate(drawn)]
+
+        def score() -> None:
+            for group in groups:
+                group.rewards = [self.reward(e) for e in group.episodes]
+        self._timed("scoring", score)
+        return groups
+
+    def gather(self) -> tuple[list[Group], list[Group], int]:
+        """Roll out B tasks (and redraws); return every group, the groups to train on, and the redraws."""
+        groups = self.roll_out(self.pool.sample(self.cfg.batch_tasks))
+        if not self.cfg.dynamic_sampling:
+            return groups, groups, 0
+        kept = [g for g in groups if not g.flat]
+        resampled = 0
+        for _ in range(self.cfg.max_resample):
+            missing = self.cfg.batch_tasks - len(kept)
+            if missing <= 0:
+                break
+            fresh = self.roll_out(self.pool.sample(missing))
+            resampled += len(fresh)
+            groups += fresh
+            kept += [g for g in fresh if not g.flat]
+        return groups, kept[:self.cfg.batch_tasks], resampled
+
+    def sequences(self, groups: Sequence[Group]) -> list[TrainSequence]:
+        """One TrainSequence per rollout, with its group-relative advantage."""
+        if not groups:
+            return []
+        rewards = torch.tensor([r for g in groups for r in g.rewards], dtype=torch.float64)
+        ids = torch.arange(len(groups)).repeat_interleave(self.cfg.group_size)
+        advantages, _ = group_advantages(rewards, ids, self.grpo.adv_eps)
+        episodes = [e for g in groups for e in g.episodes]
+        return [TrainSequence.from_episode(e, float(a)) for e, a in zip(episodes, advantages)]
+
+    def train_and_push(self, batch: list[TrainSequence]) -> tuple[dict[str, float], bool]:
+        """Update the policy and load it into the rollout backend; skip when no advantage is non-zero."""
+        if not any(s.advantage != 0.0 and s.loss_tokens for s in batch):
+            return {}, False
+        metrics = self._timed("training", lambda: self.engine.train_step(batch))
+        self._timed("push", lambda: self.backend.update_weights(self.engine.named_parameters(),
+                                                                version=self.backend.version + 1))
+        return metrics, True
+
+    def run(self, step: int, blocked_seconds: float = 0.0) -> StepResult:
+        """One whole step; `blocked_seconds` is what the pool's refresh before it took."""
+        started = time.perf_counter()
+        self.times = {}
+        groups, kept, resampled = self.gather()
+        batch = self._timed("scoring", lambda: self.sequences(kept))
+        metrics, trained = self.train_and_push(batch)
+        trajectories = self.trajectories(step, groups)
+        rewards = [r for g in groups for r in g.rewards]
+        record = {
+            "event_id": step_event_id(self.run_id, step), "run_id": self.run_id, "step": step,
+            "trajectory_count": len(trajectories), "policy_version": self.backend.version,
+            "train_reward": sum(rewards) / len(rewards), "eval_score": None,
+            "loss": metrics.get("loss"), "duration_seconds": time.perf_counter() - started + blocked_seconds,
+            "pool_size": self.pool.size, "pool_synthesized": len(self.pool.synthesized),
+            "zero_variance_groups": sum(g.flat for g in groups), "resampled_groups": resampled,
+            "tokens_trained": int(metrics.get("loss_tokens", 0)) if trained else 0,
+            "rollout_seconds": self.times.get("rollout", 0.0), "scoring_seconds": self.times.get("scoring", 0.0),
+            "training_seconds": self.times.get("training", 0.0), "push_seconds": self.times.get("push", 0.0),
+            "publish_seconds": None, "blocked_seconds": blocked_seconds,
+            "produced_at": int(time.time() * 1000)}
+        return StepResult(step, trajectories, record, metrics, trained)
+
+    def trajectories(self, step: int, groups: Sequence[Group]) -> list[dict[str, Any]]:
+        """Every rollout as a TrajectoryRecorded record; a task drawn twice keeps distinct rollout indices."""
+        seen: dict[str, int] = {}
+        out = []
+        for group in groups:
+            task_id = group.drawn.task.task_id
+            base = seen.get(task_id, 0)
+            seen[task_id] = base + len(group.episodes)
+            for i, episode in enumerate(group.episodes):
+                out.append(episode.to_trajectory_event(self.run_id, step, base + i, self.cfg.group_size,
+                                                       task_source=group.drawn.source))
+        return out

@@ -1,0 +1,86 @@
+"""Learner checkpoints round-trip the policy, optimizer and sampler state; runs are never overwritten."""
+import pytest
+import torch
+
+from coevolve.services.agent.config import BackendConfig
+from coevolve.services.learner import checkpoint as ckpt
+from coevolve.services.learner.batch import TrainSequence
+from coevolve.services.learner.config import GRPOConfig, LearnerConfig, SamplerConfig
+from coevolve.services.learner.engines import build_engine
+from coevolve.services.learner.service import Learner, resolve_run
+from coevolve.services.learner.shapes import random_llama
+from coevolve.services.runtime.config import ConfigError
+
+
+def engine():
+    model = random_llama("tiny", seed=0, vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1)
+    return build_engine(model, GRPOConfig(lr=1e-2))
+
+
+def train(e):
+    seq = TrainSequence([1, 2, 3, 4], [0, 1, 1, 1], [0.0, -4.0, -4.0, -4.0], 1.0)
+    e.train_step([seq, TrainSequence(seq.token_ids, seq.loss_mask, seq.logprobs, -1.0)])
+
+
+def test_a_checkpoint_restores_weights_optimizer_and_state(tmp_path):
+    a = engine()
+    train(a)
+    path = ckpt.save_checkpoint(tmp_path, a, step=3, run_id="run-x", policy_version=3,
+                                sampler={"step": 3, "rng": [3, [1], None], "synthesized": []}, config={"k": 1})
+    assert path == tmp_path / "checkpoints" / "step-000003"
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step-000003"
+    found = ckpt.latest_checkpoint(tmp_path)
+    assert (found.step, found.run_id, found.policy_version, found.config) == (3, "run-x", 3, {"k": 1})
+    b = engine()
+    ckpt.restore_engine(b, found)
+    for (name, x), (_, y) in zip(a.named_parameters(), b.named_parameters()):
+        assert torch.equal(x, y), name
+    assert b.steps == 1
+    train(a)
+    train(b)  # the same Adam moments give the same next update
+    for (name, x), (_, y) in zip(a.named_parameters(), b.named_parameters()):
+        assert torch.allclose(x, y, atol=1e-7), name
+
+
+def test_only_the_newest_checkpoints_are_kept(tmp_path):
+    e = engine()
+    for step in (1, 2, 3):
+        ckpt.save_checkpoint(tmp_path, e, step=step, run_id="r", policy_version=step, sampler={}, config={}, keep=2)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step-000002", "step-000003"]
+    assert ckpt.latest_checkpoint(tmp_path).step == 3
+
+
+def test_no_checkpoint_means_a_fresh_run(tmp_path):
+    assert ckpt.latest_checkpoint(tmp_path) is None
+    run_id, found = resolve_run(LearnerConfig(workdir=tmp_path, resume=True))
+    assert found is None and run_id.startswith("run-")
+    assert resolve_run(LearnerConfig(workdir=tmp_path, run_id="mine"))[0] == "mine"
+
+
+def test_an_existing_run_needs_resume_and_keeps_its_id(tmp_path):
+    ckpt.save_checkpoint(tmp_path, engine(), step=1, run_id="run-a", policy_version=1, sampler={}, config={})
+    with pytest.raises(ConfigError, match="--resume"):
+        resolve_run(LearnerConfig(workdir=tmp_path))
+    assert resolve_run(LearnerConfig(workdir=tmp_path, resume=True))[0] == "run-a"
+    with pytest.raises(ConfigError, match="run-a"):
+        resolve_run(LearnerConfig(workdir=tmp_path, resume=True, run_id="run-b"))
+
+
+def test_a_dangling_latest_pointer_is_a_clear_error(tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "latest").write_text("step-000009\n")
+    with pytest.raises(FileNotFoundError, match="step-000009"):
+        ckpt.latest_checkpoint(tmp_path)
+
+
+def test_the_learner_refuses_an_http_backend(tmp_path):
+    with pytest.raises(ConfigError, match="vllm or transformers"):
+        Learner(LearnerConfig(workdir=tmp_path), GRPOConfig(), SamplerConfig(),
+                BackendConfig(backend="openai", base_url="http://127.0.0.1:1/v1"))
+
+
+@pytest.mark.parametrize("kwargs", [dict(steps=0), dict(batch_tasks=0), dict(group_size=0), dict(eval_every=-1),
+                                    dict(eval_split="dev"), dict(categories=" , "), dict(keep_checkpoints=-1)])
+def test_bad_learner_settings_fail_with_a_message(kwargs):
+    with pytest.raises(ConfigError):
+        LearnerConfig(**kwargs)

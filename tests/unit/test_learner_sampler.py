@@ -1,0 +1,124 @@
+"""The learner's task pool: arrivals wait for refresh, the latest verdict wins, mixing and recency, state."""
+from collections import Counter
+
+import pytest
+
+from coevolve.services.envs.bfcl_data import load_tasks
+from coevolve.services.learner.config import SamplerConfig
+from coevolve.services.learner.sampler import TaskPool
+from coevolve.services.runtime.config import ConfigError
+
+SEEDS = load_tasks(split="train")[:4]
+
+
+def verdict(task_id: str, verdict: str = "validated", base=SEEDS[0]) -> dict:
+    return {**base.to_record(), "task_id": task_id, "verdict": verdict, "source": "synthesized"}
+
+
+def pool(**kwargs) -> TaskPool:
+    return TaskPool(SEEDS, SamplerConfig(**kwargs), seed=7)
+
+
+def test_an_arrival_joins_only_at_the_next_refresh():
+    p = pool()
+    p.offer(verdict("syn-1"))
+    assert p.size == 4 and p.pending == 1
+    assert "syn-1" not in {d.task.task_id for d in p.sample(4)}
+    assert p.refresh(2) >= 0.0
+    assert p.size == 5 and p.pending == 0 and list(p.synthesized) == ["syn-1"]
+    assert p.synthesized["syn-1"][1] == 2
+
+
+def test_a_later_rejection_removes_the_task_and_the_latest_verdict_wins():
+    p = pool()
+    p.offer(verdict("syn-1"))
+    p.refresh(1)
+    p.offer(verdict("syn-1", "rejected"))
+    assert "syn-1" in p.synthesized  # not before the refresh
+    p.refresh(2)
+    assert "syn-1" not in p.synthesized and p.size == 4
+    for v in ("validated", "rejected", "validated"):
+        p.offer(verdict("syn-2", v))
+    p.refresh(3)
+    assert list(p.synthesized) == ["syn-2"]
+
+
+def test_verdicts_on_seed_ids_and_malformed_records_leave_the_seed_split_alone():
+    p = pool()
+    p.offer(verdict(SEEDS[1].task_id, "rejected"))
+    p.offer({**verdict("broken"), "initial_state": "[1, 2]"})
+    p.refresh(1)
+    assert p.size == 4 and p.invalid == 1 and not p.synthesized
+
+
+def test_a_batch_holds_distinct_tasks_while_the_pool_has_enough():
+    p = pool()
+    drawn = p.sample(4)
+    assert sorted(d.task.task_id for d in drawn) == sorted(t.task_id for t in SEEDS)
+    assert all(d.source == "seed" for d in drawn)
+    assert len(p.sample(9)) == 9
+
+
+def _shares(p: TaskPool, draws: int = 400) -> float:
+    sources = Counter(d.source for _ in range(draws) for d in p.sample(2))
+    return sources["synthesized"] / sum(sources.values())
+
+
+def test_the_default_mixing_is_uniform_over_the_whole_pool():
+    p = pool()
+    for i in range(4):
+        p.offer(verdict(f"syn-{i}"))
+    p.refresh(1)
+    assert 0.42 < _shares(p) < 0.58  # 4 of 8 tasks are synthesized
+
+
+def test_a_synthetic_share_sets_the_fraction_of_each_batch():
+    p = pool(synthetic_share=0.25)
+    p.offer(verdict("syn-0"))
+    p.refresh(1)
+    assert 0.20 < _shares(p) < 0.30
+    only = pool(synthetic_share=1.0)
+    assert _shares(only, 20) == 0.0  # no synthesized task yet: seeds only
+    only.offer(verdict("syn-0"))
+    only.refresh(1)
+    assert _shares(only, 20) == 1.0
+
+
+def test_recency_halves_an_old_task_weight_every_half_life():
+    p = pool(recency_half_life=2.0, synthetic_share=1.0)
+    p.offer(verdict("old"))
+    p.refresh(1)
+    p.offer(verdict("new"))
+    p.refresh(5)
+    assert p.weight("new") == 1.0 and p.weight("old") == pytest.approx(0.5 ** 2)
+    counts = Counter(p.sample(1)[0].task.task_id for _ in range(500))
+    assert 0.12 < counts["old"] / 500 < 0.28  # 0.25 / 1.25 = 0.2
+
+
+def test_a_frozen_pool_ignores_later_arrivals():
+    p = pool(sampler="static")
+    p.offer(verdict("early"))
+    p.refresh(1)
+    p.freeze()
+    p.offer(verdict("late"))
+    p.offer(verdict("early", "rejected"))
+    p.refresh(2)
+    assert list(p.synthesized) == ["early"]
+
+
+def test_state_round_trip_continues_the_same_draws():
+    p = pool(recency_half_life=3.0)
+    p.offer(verdict("syn-0"))
+    p.refresh(2)
+    p.sample(3)
+    restored = pool(recency_half_life=3.0)
+    restored.restore(p.state())
+    assert restored.step == 2 and restored.synthesized == p.synthesized
+    assert [d.task.task_id for d in restored.sample(5)] == [d.task.task_id for d in p.sample(5)]
+
+
+@pytest.mark.parametrize("kwargs", [dict(sampler="fifo"), dict(synthetic_share=1.5), dict(synthetic_share=-0.5),
+                                    dict(recency_half_life=-1.0), dict(static_wait_s=-1.0)])
+def test_bad_sampler_settings_fail_with_a_message(kwargs):
+    with pytest.raises(ConfigError):
+        SamplerConfig(**kwargs)

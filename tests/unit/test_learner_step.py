@@ -1,0 +1,110 @@
+"""One GRPO step's assembly on real BFCL episodes, with a scripted backend and a recording engine."""
+import itertools
+
+import pytest
+
+from coevolve.schemas.codec import default_registry
+from coevolve.services.agent.config import EpisodeLimits, SamplingConfig
+from coevolve.services.envs.bfcl_data import load_tasks
+from coevolve.services.learner.config import GRPOConfig, LearnerConfig, SamplerConfig
+from coevolve.services.learner.sampler import TaskPool
+from coevolve.services.learner.step import StepRunner, reward_function, step_event_id
+from tests.agent_helpers import ScriptedBackend, byte_tokenizer
+
+LIMITS = EpisodeLimits(max_user_turns=1, max_context_tokens=100_000)
+SAMPLING = SamplingConfig(temperature=1.0, max_new_tokens=8)
+
+
+class RecordingEngine:
+    """Keeps every batch it is asked to train on."""
+
+    def __init__(self):
+        self.batches = []
+
+    def train_step(self, batch):
+        self.batches.append(list(batch))
+        return {"loss": 0.25, "loss_tokens": float(sum(s.loss_tokens for s in batch))}
+
+    def named_parameters(self):
+        return iter(())
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return byte_tokenizer()
+
+
+def says_yes(episode) -> float:
+    return float(any("yes" in m["content"] for m in episode.messages if m["role"] == "assistant"))
+
+
+def runner(tokenizer, answers, **cfg):
+    answers = itertools.cycle(answers)
+    backend = ScriptedBackend(tokenizer, lambda request: next(answers))
+    pool = TaskPool(load_tasks(split="train")[:3], SamplerConfig(), seed=1)
+    engine = RecordingEngine()
+    learner = LearnerConfig(**{"batch_tasks": 2, "group_size": 3, **cfg})
+    return StepRunner(learner, GRPOConfig(), pool, backend, engine, SAMPLING, LIMITS, "run-t", says_yes), engine
+
+
+def test_a_step_rolls_out_b_times_k_scores_trains_pushes_and_records(tokenizer):
+    steps, engine = runner(tokenizer, ["yes", "no", "no"])
+    result = steps.run(1, blocked_seconds=0.01)
+    rec = result.record
+    assert len(result.trajectories) == rec["trajectory_count"] == 6
+    assert rec["train_reward"] == pytest.approx(2 / 6) and rec["zero_variance_groups"] == 0
+    assert rec["policy_version"] == 1 == steps.backend.version and result.trained
+    assert [s.advantage > 0 for s in engine.batches[0]] == [True, False, False] * 2
+    assert rec["tokens_trained"] == sum(s.loss_tokens for s in engine.batches[0]) > 0
+    assert rec["event_id"] == step_event_id("run-t", 1) and rec["blocked_seconds"] == 0.01
+    assert all(rec[f"{p}_seconds"] >= 0 for p in ("rollout", "scoring", "training", "push"))
+    for i, traj in enumerate(result.trajectories):
+        assert traj["rollout_index"] == i % 3 and traj["group_size"] == 3 and traj["policy_version"] == 0
+        assert traj["task_source"] == "seed" and traj["step"] == 1
+    assert len({t["event_id"] for t in result.trajectories}) == 6
+    registry = default_registry()
+    registry.encode("StepCompleted", {**rec, "publish_seconds": 0.0})
+    registry.encode("TrajectoryRecorded", result.trajectories[0])
+
+
+def test_equal_rewards_everywhere_skip_the_update(tokenizer):
+    steps, engine = runner(tokenizer, ["no"])
+    result = steps.run(1)
+    assert not result.trained and engine.batches == [] and steps.backend.version == 0
+    assert result.record["zero_variance_groups"] == 2 and result.record["loss"] is None
+    assert result.record["tokens_trained"] == 0 and result.record["trajectory_count"] == 6
+
+
+def test_dynamic_sampling_replaces_flat_groups_and_publishes_every_rollout(tokenizer):
+    # the first 6 rollouts (2 groups) all say no; later rounds mix yes and no
+    steps, engine = runner(tokenizer, ["no"] * 6 + ["yes", "no", "no"] * 10, dynamic_sampling=True, max_resample=2)
+    result = steps.run(1)
+    rec = result.record
+    assert rec["resampled_groups"] == 2 and rec["zero_variance_groups"] == 2
+    assert rec["trajectory_count"] == len(result.trajectories) == 12
+    (batch,) = engine.batches
+    assert len(batch) == 6 and sum(s.advantage > 0 for s in batch) == 2
+
+
+def test_a_task_drawn_twice_keeps_distinct_rollout_indices(tokenizer):
+    steps, _ = runner(tokenizer, ["yes", "no"], batch_tasks=5)  # the pool has 3 tasks
+    result = steps.run(1)
+    keys = [(t["task_id"], t["rollout_index"]) for t in result.trajectories]
+    assert len(set(keys)) == 15 and len({t["event_id"] for t in result.trajectories}) == 15
+
+
+def test_rewards_are_success_or_partial_score():
+    class Ep:
+        success, score = False, 0.5
+    assert reward_function("binary")(Ep()) == 0.0 and reward_function("partial")(Ep()) == 0.5
+    with pytest.raises(ValueError):
+        reward_function("length")
+
+
+def test_evaluation_is_due_every_e_steps_and_after_the_last():
+    from coevolve.services.learner.evaluation import due, evaluation_event_id
+
+    cfg = LearnerConfig(steps=7, eval_every=3)
+    assert [s for s in range(1, 8) if due(cfg, s)] == [3, 6, 7]
+    assert not any(due(LearnerConfig(steps=7), s) for s in range(1, 8))
+    assert evaluation_event_id("run-a", 3, "test") == "eval-run-a-3-test"
