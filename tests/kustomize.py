@@ -126,3 +126,22 @@ def loaded_configs(command) -> list[tuple[type, str]]:
                 and isinstance(node.args[0], ast.Name) and isinstance(node.args[1], ast.Constant)):
             found.append((names[node.args[0].id], node.args[1].value))
     return found
+
+
+def with_mounted_files(env: dict[str, str], workload: dict, container: dict, docs: list[dict],
+                       root: Path) -> dict[str, str]:
+    """`env` with every path into one of the container's ConfigMap volumes pointing at a copy of that
+    file under `root`, so that a config that reads the file at load can be loaded here."""
+    volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"].get("volumes", [])}
+    env = dict(env)
+    for mount in container.get("volumeMounts", []):
+        source = volumes[mount["name"]].get("configMap")
+        if source is None:
+            continue
+        folder = root / mount["mountPath"].lstrip("/")
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, text in find(docs, "ConfigMap", source["name"])["data"].items():
+            (folder / name).write_text(text)
+        env = {k: str(folder) + v[len(mount["mountPath"]):] if v.startswith(mount["mountPath"] + "/") else v
+               for k, v in env.items()}
+    return env

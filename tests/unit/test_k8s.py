@@ -13,7 +13,7 @@ from coevolve.services.cli import app
 from coevolve.services.runtime.config import load
 from coevolve.streams.worker.config import StreamsConfig
 from tests.kustomize import (JOBS, KUBECTL, OVERLAYS, ROOT, TARGETS, coevolve_argv, command_of, container_env,
-                             containers, expand, find, loaded_configs, pods, render)
+                             containers, expand, find, loaded_configs, pods, render, with_mounted_files)
 
 pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl (with kustomize) is not installed")
 
@@ -57,21 +57,24 @@ def test_kafka_topics_are_the_catalog_and_the_workers_own_topics(target):
 
 
 @pytest.mark.parametrize("target", OVERLAYS)
-def test_every_config_map_key_is_read_and_valid(target):
+def test_every_config_map_key_is_read_and_valid(target, tmp_path):
     docs = render(target)
     data = config(docs)
-    fields = {}
-    for _, c in containers(docs):
+    fields = {}  # PREFIX_FIELD -> (the value loaded, the value given)
+    for workload, c in containers(docs):
         argv = coevolve_argv(c, docs)
         for cls, prefix in loaded_configs(command_of(argv)[1]) if argv else []:
-            cfg = load(cls, prefix, environ=data)
-            fields.update({f"{prefix}_{name}".upper(): getattr(cfg, name) for name in cls.__dataclass_fields__})
+            given = with_mounted_files(data, workload, c, docs, tmp_path)
+            cfg = load(cls, prefix, environ=given)
+            fields.update({f"{prefix}_{name}".upper(): (getattr(cfg, name), given.get(f"{prefix}_{name}".upper()))
+                           for name in cls.__dataclass_fields__})
     referenced = {ref for _, c in containers(docs) for ref in re.findall(r"\$\((\w+)\)", " ".join(c.get("args", [])))}
     referenced |= {v["valueFrom"]["configMapKeyRef"]["key"] for _, c in containers(docs) for v in c.get("env", [])
                    if "configMapKeyRef" in v.get("valueFrom", {})}
     for key, value in data.items():
         if key in fields:  # the layering read it, converted to the field's type
-            assert str(fields[key]) == value or fields[key] == type(fields[key])(value), key
+            loaded, value = fields[key]
+            assert str(loaded) == value or loaded == type(loaded)(value), key
         elif key != "KAFKA_BOOTSTRAP":  # read as a fallback by every service (checked below)
             assert key in referenced, f"{key} is read by nothing"
     from coevolve.services.archive.archiver import ArchiverConfig

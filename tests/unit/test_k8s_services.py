@@ -12,7 +12,7 @@ import pytest
 from coevolve.services.runtime.config import load
 from coevolve.services.runtime.service import Service
 from tests.kustomize import (KUBECTL, OVERLAYS, coevolve_argv, command_of, container_env, containers,
-                             find, launcher_args, loaded_configs, render)
+                             find, launcher_args, loaded_configs, render, with_mounted_files)
 
 pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl (with kustomize) is not installed")
 LOOP = {("streams", "worker"), ("archiver",), ("explorer",), ("validator",), ("learner",)}
@@ -45,7 +45,7 @@ def test_every_service_of_the_loop_is_deployed(target):
 
 
 @pytest.mark.parametrize("target", OVERLAYS)
-def test_every_variable_a_service_gets_names_something_it_reads(target):
+def test_every_variable_a_service_gets_names_something_it_reads(target, tmp_path):
     """Each `PREFIX_FIELD` of a service's own prefix is a field of a dataclass its command loads with
     that prefix (a typo would be silently ignored), and every value loads; an explicit variable is
     such a field, a flag's envvar, or the API-key variable its backend reads."""
@@ -56,7 +56,8 @@ def test_every_variable_a_service_gets_names_something_it_reads(target):
         if not configs:  # a tool (replay, archive import): its variables are its flags' envvars
             continue
         env = container_env(c, docs)
-        loaded = [load(cls, prefix, environ=env) for cls, prefix in configs]
+        files = with_mounted_files(env, workload, c, docs, tmp_path)
+        loaded = [load(cls, prefix, environ=files) for cls, prefix in configs]
         fields = {f"{p}_{f}".upper() for (cls, p) in configs for f in cls.__dataclass_fields__}
         bare = {f.upper() for cls, _ in configs for f in cls.__dataclass_fields__}
         prefixes = {p.upper() + "_" for _, p in configs}
@@ -85,12 +86,12 @@ def test_the_explorer_and_validator_ask_the_vllm_server_with_the_llm_key(target)
 
     docs = render(target)
     port = find(docs, "Service", "vllm-server")["spec"]["ports"][0]["port"]
-    for workload, c, path, argv, _ in services(docs):
-        labels = workload["spec"]["template"]["metadata"]["labels"]
-        if path not in (("explorer",), ("validator",)):
-            assert "coevolve.io/llm-client" not in labels, path
+    for workload, c in containers(docs):
+        labels, argv = workload["spec"]["template"]["metadata"]["labels"], coevolve_argv(c, docs) or [""]
+        if argv[0] not in ("explorer", "validator"):
+            assert "coevolve.io/llm-client" not in labels, workload["metadata"]["name"]
             continue
-        backend = load(BackendConfig, path[0], {"model": flag(argv, "--model"), "backend": flag(argv, "--backend"),
+        backend = load(BackendConfig, argv[0], {"model": flag(argv, "--model"), "backend": flag(argv, "--backend"),
                                                 "base_url": flag(argv, "--base-url")}, environ=container_env(c, docs))
         assert (backend.backend, backend.base_url) == ("openai", f"http://vllm-server:{port}/v1")
         assert backend.model == config(docs)["LLM_MODEL"]  # the name the server serves it under
@@ -199,7 +200,7 @@ def stop(*_):
     sys.exit(0)
 signal.signal(signal.SIGTERM, stop)
 open(os.environ["MARK"] + ".started", "w").write(" ".join(sys.argv[1:]))
-time.sleep(300)
+time.sleep(60)  # a learner the hook failed to stop ends here, unsignalled
 """
 
 
@@ -230,5 +231,6 @@ def test_the_prestop_hook_stops_the_learner_gracefully_under_the_launcher(tmp_pa
     assert run.returncode == 0, run.stderr[-3000:]
     assert "hook=0" in run.stdout and "launcher=0" in run.stdout, run.stdout + run.stderr[-3000:]
     assert (tmp_path / "mark.started").read_text().split() == coevolve_argv(c, docs)
+    assert mark.exists(), "the hook never signalled the learner"
     assert mark.read_text() == "checkpointed 0"  # the launcher's rank 0 got SIGTERM, not SIGKILL
     assert time.monotonic() - started < 200
