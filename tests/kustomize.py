@@ -74,22 +74,29 @@ def expand(args: list[str], env: dict[str, str]) -> list[str]:
     return [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in args]
 
 
+def program(container: dict) -> str | None:
+    """The program a container of the CoEvolve image runs: `coevolve` (its entry point), `deepspeed`
+    (the launcher), alone or as the first word of an `sh -c` wrapper; None for another program."""
+    if container["image"].split(":")[0] not in ("coevolve", "coevolve-gpu"):
+        return None
+    command = container.get("command", ["coevolve"])
+    if command[:2] == ["sh", "-c"]:
+        command = command[2].split()
+    return command[0] if command[0] in ("coevolve", "deepspeed") else None
+
+
 def coevolve_argv(container: dict, docs: list[dict]) -> list[str] | None:
     """The `coevolve` arguments a container runs (after a `deepspeed` launcher's own), expanded; None
     for another program (vLLM's server, ClickHouse)."""
     args = expand(container.get("args", []), container_env(container, docs))
-    if container["image"].split(":")[0] not in ("coevolve", "coevolve-gpu"):
-        return None
-    if "command" not in container:  # the image's entry point is `coevolve`
-        return args
-    if container["command"] == ["deepspeed"]:
+    if program(container) == "deepspeed":
         return args[args.index("coevolve") + 1:]
-    return None
+    return args if program(container) == "coevolve" else None
 
 
 def launcher_args(container: dict) -> list[str]:
     """The `deepspeed` launcher's own arguments, up to the program it launches; [] without it."""
-    if container.get("command") != ["deepspeed"]:
+    if program(container) != "deepspeed":
         return []
     return container["args"][:container["args"].index("coevolve") + 1]
 

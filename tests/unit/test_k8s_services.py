@@ -5,14 +5,14 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 
 from coevolve.services.runtime.config import load
 from coevolve.services.runtime.service import Service
 from tests.kustomize import (KUBECTL, OVERLAYS, coevolve_argv, command_of, container_env, containers,
-                             find, launcher_args, loaded_configs, render, with_mounted_files)
+                             find, launcher_args, loaded_configs, program, render,
+                             with_mounted_files)
 
 pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl (with kustomize) is not installed")
 LOOP = {("streams", "worker"), ("archiver",), ("explorer",), ("validator",), ("learner",)}
@@ -101,6 +101,18 @@ def test_the_explorer_and_validator_ask_the_vllm_server_with_the_llm_key(target)
 
 
 @pytest.mark.parametrize("target", OVERLAYS)
+def test_monitoring_may_scrape_every_service_and_nothing_else(target):
+    docs = render(target)
+    scrape = find(docs, "NetworkPolicy", "metrics-scrape")["spec"]
+    admitted = {p["port"] for rule in scrape["ingress"] for p in rule["ports"]}
+    for workload, c in containers(docs):
+        labels = workload["spec"]["template"]["metadata"]["labels"]
+        ports = {p["containerPort"] for p in c.get("ports", []) if p["name"] == "metrics"}
+        assert (labels.get("coevolve.io/metrics") == "true") == bool(ports), workload["metadata"]["name"]
+        assert ports <= admitted, workload["metadata"]["name"]
+
+
+@pytest.mark.parametrize("target", OVERLAYS)
 def test_liveness_outlasts_the_longest_poll_of_the_explorer(target):
     """One poll of the explorer's loop explores a whole period, and /healthz fails after `stale_s`
     without a poll: a restart mid-period would explore it again, and again."""
@@ -150,7 +162,7 @@ def test_the_local_learner_trains_tiny_random_with_plain_torch_on_cpu():
     docs = render("k8s/overlays/local")
     _, spec, c = learner(docs)
     env = container_env(c, docs)
-    assert "command" not in c and "nvidia.com/gpu" not in c["resources"]["limits"]
+    assert program(c) == "coevolve" and "nvidia.com/gpu" not in c["resources"]["limits"]
     assert env["LEARNER_MODEL"] == "tiny-random" and not env.get("LEARNER_DEEPSPEED_CONFIG")
 
 
@@ -193,44 +205,58 @@ def test_the_production_learner_runs_under_deepspeed_with_one_rank_per_gpu(tmp_p
 
 
 FAKE_LEARNER = """#!{python}
+# Stands in for the `coevolve` console script (same argv shape: python .../coevolve learner ...).
 import os, signal, sys, time
 def stop(*_):
     time.sleep(2)  # the checkpoint of the last completed step
-    open(os.environ["MARK"], "w").write("checkpointed " + os.environ.get("RANK", "?"))
-    sys.exit(0)
+    open(os.environ["MARK"], "w").write("checkpointed " + os.environ.get("RANK", "-"))
+    sys.exit(0)  # as the learner: a stop exits 0, like the end of the run
 signal.signal(signal.SIGTERM, stop)
 open(os.environ["MARK"] + ".started", "w").write(" ".join(sys.argv[1:]))
-time.sleep(60)  # a learner the hook failed to stop ends here, unsignalled
+time.sleep(float(os.environ["RUN_SECONDS"]))  # the run; it ends here when nothing stops it
 """
+# In the namespace's PID 1 (as the pod's pause container would be), start the container's command,
+# wait for the learner, then run the preStop hook as the kubelet would (or not), and report both.
+DRIVER = ('"$@" & CONTAINER=$!; while [ ! -e "$MARK.started" ]; do sleep 0.2; done; '
+          'if [ -n "$HOOK" ]; then python -c "$HOOK"; echo hook=$?; fi; wait $CONTAINER; echo container=$?')
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="unshare (util-linux) is not installed")
-def test_the_prestop_hook_stops_the_learner_gracefully_under_the_launcher(tmp_path):
-    """The production container's command and hook, in a PID namespace of their own as in a pod: the
-    real `deepspeed` launcher starts a stand-in `coevolve` (same argv shape as the console script),
-    the hook signals it alone and waits; the launcher then exits 0 with it."""
-    docs = render("k8s/overlays/production")
+@pytest.mark.parametrize("target", OVERLAYS)
+@pytest.mark.parametrize("stopped", [True, False], ids=["stopped", "run-ends"])
+def test_a_stopped_learner_checkpoints_and_is_retried_a_finished_one_completes(target, stopped, tmp_path):
+    """The container's command and preStop hook, in a PID namespace of their own as in a pod, with the
+    real `deepspeed` launcher in production: the hook signals the learner alone and waits for it, and
+    the container exits 143 (the Job retries it) after a stop, 0 (the Job is done) after the run."""
+    docs = render(target)
     _, _, c = learner(docs)
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "coevolve").write_text(FAKE_LEARNER.format(python=sys.executable))
-    (bin_dir / "coevolve").chmod(0o755)
+    # The hook and the wrapper use /tmp (an emptyDir in the pod): a private one here, bound over /tmp
+    # inside the namespace, which holds the stand-in too.
+    pod_tmp = tmp_path / "pod-tmp"
+    (pod_tmp / "bin").mkdir(parents=True)
+    (pod_tmp / "bin/coevolve").write_text(FAKE_LEARNER.format(python=sys.executable))
+    (pod_tmp / "bin/coevolve").chmod(0o755)
     hook = c["lifecycle"]["preStop"]["exec"]["command"]
-    mark = tmp_path / "mark"
-    script = ('"$@" & LAUNCHER=$!; while [ ! -e "$MARK.started" ]; do sleep 0.2; done; '
-              f'{" ".join(map(repr, hook[:2]))} "$HOOK"; echo hook=$?; wait $LAUNCHER; echo launcher=$?')
-    env = {"PATH": f"{bin_dir}:{os.path.dirname(sys.executable)}:/usr/bin:/bin", "MARK": str(mark),
-           "HOOK": hook[2], "DS_ACCELERATOR": "cpu", "HOME": str(tmp_path)}
-    probe = subprocess.run(["unshare", "-rpf", "--mount-proc", "true"], capture_output=True)
+    assert hook[:2] == ["python", "-c"]
+    script = f"mount --bind {pod_tmp} /tmp && " + DRIVER
+    env = {"PATH": f"/tmp/bin:{os.path.dirname(sys.executable)}:/usr/bin:/bin", "MARK": "/tmp/mark",
+           "HOOK": hook[2] if stopped else "", "RUN_SECONDS": "300" if stopped else "3",
+           "DS_ACCELERATOR": "cpu", "HOME": "/tmp"}
+    probe = subprocess.run(["unshare", "-rpfm", "--mount-proc", "true"], capture_output=True)
     if probe.returncode:
         pytest.skip(f"no unprivileged PID namespaces here: {probe.stderr.decode().strip()}")
-    started = time.monotonic()
-    run = subprocess.run(["unshare", "-rpf", "--mount-proc", "sh", "-c", script, "sh", *c["command"], *c["args"]],
+    run = subprocess.run(["unshare", "-rpfm", "--mount-proc", "sh", "-c", script, "sh", *c["command"], *c["args"]],
                          env=env, capture_output=True, text=True, timeout=240)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert "hook=0" in run.stdout and "launcher=0" in run.stdout, run.stdout + run.stderr[-3000:]
-    assert (tmp_path / "mark.started").read_text().split() == coevolve_argv(c, docs)
-    assert mark.exists(), "the hook never signalled the learner"
-    assert mark.read_text() == "checkpointed 0"  # the launcher's rank 0 got SIGTERM, not SIGKILL
-    assert time.monotonic() - started < 200
+    output = run.stdout + run.stderr[-3000:]
+    assert run.returncode == 0, output
+    mark = pod_tmp / "mark"
+    assert (pod_tmp / "stopping").exists() == stopped
+    assert (pod_tmp / "mark.started").read_text().split() == coevolve_argv(c, docs)
+    if stopped:
+        assert "hook=0" in run.stdout and "container=143" in run.stdout, output
+        assert mark.exists(), "the hook never signalled the learner"
+        rank = "0" if launcher_args(c) else "-"  # the launcher's rank 0, or the learner alone
+        assert mark.read_text() == f"checkpointed {rank}"  # SIGTERM, and time to checkpoint
+    else:
+        assert "container=0" in run.stdout and not mark.exists(), output
