@@ -45,6 +45,13 @@ def test_every_service_of_the_loop_is_deployed(target):
 
 
 @pytest.mark.parametrize("target", OVERLAYS)
+def test_every_object_lands_in_the_coevolve_namespace(target):
+    """An object without a namespace would go to the kubeconfig's default one: the production HPA did."""
+    docs = render(target)
+    assert {d["metadata"].get("namespace") for d in docs if d["kind"] != "Namespace"} == {"coevolve"}
+
+
+@pytest.mark.parametrize("target", OVERLAYS)
 def test_every_variable_a_service_gets_names_something_it_reads(target, tmp_path):
     """Each `PREFIX_FIELD` of a service's own prefix is a field of a dataclass its command loads with
     that prefix (a typo would be silently ignored), and every value loads; an explicit variable is
