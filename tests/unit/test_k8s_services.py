@@ -250,9 +250,10 @@ def test_a_stopped_learner_checkpoints_and_is_retried_a_finished_one_completes(t
     env = {"PATH": f"/tmp/bin:{os.path.dirname(sys.executable)}:/usr/bin:/bin", "MARK": "/tmp/mark",
            "HOOK": hook[2] if stopped else "", "RUN_SECONDS": "300" if stopped else "3",
            "DS_ACCELERATOR": "cpu", "HOME": "/tmp"}
-    probe = subprocess.run(["unshare", "-rpfm", "--mount-proc", "true"], capture_output=True)
+    probe = subprocess.run(["unshare", "-rpfm", "--mount-proc", "mount", "--bind", str(pod_tmp), "/tmp"],
+                           capture_output=True)
     if probe.returncode:
-        pytest.skip(f"no unprivileged PID namespaces here: {probe.stderr.decode().strip()}")
+        pytest.skip(f"no unprivileged PID and mount namespaces here: {probe.stderr.decode().strip()}")
     run = subprocess.run(["unshare", "-rpfm", "--mount-proc", "sh", "-c", script, "sh", *c["command"], *c["args"]],
                          env=env, capture_output=True, text=True, timeout=240)
     output = run.stdout + run.stderr[-3000:]
