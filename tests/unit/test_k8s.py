@@ -58,6 +58,8 @@ def test_kafka_topics_are_the_catalog_and_the_workers_own_topics(target):
 
 @pytest.mark.parametrize("target", OVERLAYS)
 def test_every_config_map_key_is_read_and_valid(target, tmp_path):
+    from coevolve.services.archive.archiver import ArchiverConfig
+
     docs = render(target)
     data = config(docs)
     fields = {}  # PREFIX_FIELD -> (the value loaded, the value given)
@@ -71,14 +73,12 @@ def test_every_config_map_key_is_read_and_valid(target, tmp_path):
     referenced = {ref for _, c in containers(docs) for ref in re.findall(r"\$\((\w+)\)", " ".join(c.get("args", [])))}
     referenced |= {v["valueFrom"]["configMapKeyRef"]["key"] for _, c in containers(docs) for v in c.get("env", [])
                    if "configMapKeyRef" in v.get("valueFrom", {})}
-    for key, value in data.items():
+    for key in data:
         if key in fields:  # the layering read it, converted to the field's type
-            loaded, value = fields[key]
-            assert str(loaded) == value or loaded == type(loaded)(value), key
+            loaded, given = fields[key]
+            assert str(loaded) == given or loaded == type(loaded)(given), key
         elif key != "KAFKA_BOOTSTRAP":  # read as a fallback by every service (checked below)
             assert key in referenced, f"{key} is read by nothing"
-    from coevolve.services.archive.archiver import ArchiverConfig
-
     assert load(ArchiverConfig, "archiver", environ=data).topic_list == list(CATALOG)
     assert not any(word in key.lower() for key in data for word in ("password", "secret", "token", "api_key"))
 
@@ -242,7 +242,7 @@ def test_every_workload_is_hardened(target):
 @pytest.mark.parametrize("target", OVERLAYS)
 def test_long_running_workers_have_disruption_budgets(target):
     """Workers that may run several replicas keep some through a drain; a singleton replaced rather
-    than rolled (explorer, validator) has no budget, which could only block the drain."""
+    than rolled (explorer, validator) has no budget: with one replica it would protect nothing."""
     docs = render(target)
     budgets = [d["spec"]["selector"]["matchLabels"] for d in docs if d["kind"] == "PodDisruptionBudget"]
     for d in docs:
