@@ -1,9 +1,13 @@
 """Render the kustomize tree and read what its pods would run, as the kubelet would expand it."""
 from __future__ import annotations
 
+import ast
+import importlib
+import inspect
 import re
 import shutil
 import subprocess
+import textwrap
 from pathlib import Path
 
 import yaml
@@ -68,3 +72,83 @@ def container_env(container: dict, docs: list[dict]) -> dict[str, str]:
 def expand(args: list[str], env: dict[str, str]) -> list[str]:
     """Kubernetes' `$(VAR)` expansion of command arguments; an unknown variable fails the test."""
     return [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in args]
+
+
+def program(container: dict) -> str | None:
+    """The program a container of the CoEvolve image runs: `coevolve` (its entry point), `deepspeed`
+    (the launcher), alone or as the first word of an `sh -c` wrapper; None for another program."""
+    if container["image"].split(":")[0] not in ("coevolve", "coevolve-gpu"):
+        return None
+    command = container.get("command", ["coevolve"])
+    if command[:2] == ["sh", "-c"]:
+        command = command[2].split()
+    return command[0] if command[0] in ("coevolve", "deepspeed") else None
+
+
+def coevolve_argv(container: dict, docs: list[dict]) -> list[str] | None:
+    """The `coevolve` arguments a container runs (after a `deepspeed` launcher's own), expanded; None
+    for another program (vLLM's server, ClickHouse)."""
+    args = expand(container.get("args", []), container_env(container, docs))
+    if program(container) == "deepspeed":
+        return args[args.index("coevolve") + 1:]
+    return args if program(container) == "coevolve" else None
+
+
+def launcher_args(container: dict) -> list[str]:
+    """The `deepspeed` launcher's own arguments, up to the program it launches; [] without it."""
+    if program(container) != "deepspeed":
+        return []
+    return container["args"][:container["args"].index("coevolve") + 1]
+
+
+def command_of(argv: list[str]):
+    """(path, click command, the rest of argv) of a `coevolve` argv; a missing command fails."""
+    from typer.main import get_command
+
+    from coevolve.services.cli import app
+
+    path, command, rest = [], get_command(app), list(argv)
+    while hasattr(command, "commands"):  # walk groups down to the leaf command
+        assert rest, f"`coevolve {' '.join(path)}` needs a subcommand"
+        name, rest = rest[0], rest[1:]
+        assert name in command.commands, f"`coevolve {' '.join(path + [name])}` does not exist"
+        path.append(name)
+        command = command.commands[name]
+    return path, command, rest
+
+
+def loaded_configs(command) -> list[tuple[type, str]]:
+    """(dataclass, prefix) of every `_load(Config, "prefix", ...)` a command's function makes, read off
+    its source: the environment variables `PREFIX_FIELD` it reads are those dataclasses' fields."""
+    function = inspect.unwrap(command.callback)
+    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    names = dict(function.__globals__)
+    for node in ast.walk(tree):  # the function's own imports (the CLI imports lazily)
+        if isinstance(node, ast.ImportFrom):
+            module = importlib.import_module(node.module)
+            names.update({a.asname or a.name: getattr(module, a.name) for a in node.names})
+    found = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("_load", "load")
+                and isinstance(node.args[0], ast.Name) and isinstance(node.args[1], ast.Constant)):
+            found.append((names[node.args[0].id], node.args[1].value))
+    return found
+
+
+def with_mounted_files(env: dict[str, str], workload: dict, container: dict, docs: list[dict],
+                       root: Path) -> dict[str, str]:
+    """`env` with every path into one of the container's ConfigMap volumes pointing at a copy of that
+    file under `root`, so that a config that reads the file at load can be loaded here."""
+    volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"].get("volumes", [])}
+    env = dict(env)
+    for mount in container.get("volumeMounts", []):
+        source = volumes[mount["name"]].get("configMap")
+        if source is None:
+            continue
+        folder = root / mount["mountPath"].lstrip("/")
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, text in find(docs, "ConfigMap", source["name"])["data"].items():
+            (folder / name).write_text(text)
+        env = {k: str(folder) + v[len(mount["mountPath"]):] if v.startswith(mount["mountPath"] + "/") else v
+               for k, v in env.items()}
+    return env

@@ -12,8 +12,8 @@ from coevolve.services.kafka.topics import CATALOG, TRAJECTORIES
 from coevolve.services.cli import app
 from coevolve.services.runtime.config import load
 from coevolve.streams.worker.config import StreamsConfig
-from tests.kustomize import (JOBS, KUBECTL, OVERLAYS, ROOT, TARGETS, container_env, containers, expand, find,
-                             pods, render)
+from tests.kustomize import (JOBS, KUBECTL, OVERLAYS, ROOT, TARGETS, coevolve_argv, command_of, container_env,
+                             containers, expand, find, loaded_configs, pods, render, with_mounted_files)
 
 pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl (with kustomize) is not installed")
 
@@ -56,29 +56,30 @@ def test_kafka_topics_are_the_catalog_and_the_workers_own_topics(target):
     assert kafka_config["min.insync.replicas"] < brokers or brokers == 1  # one broker down still writes
 
 
-# Read by no deployed service yet: the explorer and validator pass it as --base-url when they land
-# (checked against the vLLM Service below).
-FOR_LATER_SERVICES = {"LLM_BASE_URL"}
-
-
 @pytest.mark.parametrize("target", OVERLAYS)
-def test_every_config_map_key_is_read_and_valid(target):
+def test_every_config_map_key_is_read_and_valid(target, tmp_path):
     from coevolve.services.archive.archiver import ArchiverConfig
 
     docs = render(target)
     data = config(docs)
-    streams, archiver = load(StreamsConfig, "streams", environ=data), load(ArchiverConfig, "archiver", environ=data)
-    fields = {f"{service}_{name}".upper(): getattr(cfg, name)
-              for service, cfg in (("streams", streams), ("archiver", archiver)) for name in cfg.__dataclass_fields__}
+    fields = {}  # PREFIX_FIELD -> (the value loaded, the value given)
+    for workload, c in containers(docs):
+        argv = coevolve_argv(c, docs)
+        for cls, prefix in loaded_configs(command_of(argv)[1]) if argv else []:
+            given = with_mounted_files(data, workload, c, docs, tmp_path)
+            cfg = load(cls, prefix, environ=given)
+            fields.update({f"{prefix}_{name}".upper(): (getattr(cfg, name), given.get(f"{prefix}_{name}".upper()))
+                           for name in cls.__dataclass_fields__})
     referenced = {ref for _, c in containers(docs) for ref in re.findall(r"\$\((\w+)\)", " ".join(c.get("args", [])))}
     referenced |= {v["valueFrom"]["configMapKeyRef"]["key"] for _, c in containers(docs) for v in c.get("env", [])
                    if "configMapKeyRef" in v.get("valueFrom", {})}
-    for key, value in data.items():
+    for key in data:
         if key in fields:  # the layering read it, converted to the field's type
-            assert str(fields[key]) == value or fields[key] == type(fields[key])(value), key
+            loaded, given = fields[key]
+            assert str(loaded) == given or loaded == type(loaded)(given), key
         elif key != "KAFKA_BOOTSTRAP":  # read as a fallback by every service (checked below)
-            assert key in referenced | FOR_LATER_SERVICES, f"{key} is read by nothing"
-    assert archiver.topic_list == list(CATALOG)
+            assert key in referenced, f"{key} is read by nothing"
+    assert load(ArchiverConfig, "archiver", environ=data).topic_list == list(CATALOG)
     assert not any(word in key.lower() for key in data for word in ("password", "secret", "token", "api_key"))
 
 
@@ -112,27 +113,21 @@ def test_a_replay_with_new_thresholds_is_an_overlay_with_a_name_suffix(tmp_path)
 
 
 def coevolve_commands():
-    """(target, workload, argv) of every container that runs the `coevolve` entry point."""
+    """(target, argv) of every container that runs the `coevolve` entry point, launched or not."""
     for target in TARGETS:
         docs = render(target)
         for workload, c in containers(docs):
-            if c["image"].split(":")[0] == "coevolve" and "command" not in c:
-                yield pytest.param(target, expand(c["args"], container_env(c, docs)),
-                                   id=f"{target.split('/')[-1]}-{workload['metadata']['name']}")
+            argv = coevolve_argv(c, docs)
+            if argv is not None:
+                yield pytest.param(target, argv, id=f"{target.split('/')[-1]}-{workload['metadata']['name']}")
 
 
 @pytest.mark.parametrize(("target", "args"), list(coevolve_commands()))
 def test_every_container_runs_a_real_coevolve_command_with_flags_it_accepts(target, args):
     cli = get_command(app)
-    ctx = cli.make_context("coevolve", list(args), resilient_parsing=False)
-    path, sub, rest = [], cli, list(args)
-    with ctx:
-        while hasattr(sub, "commands"):  # walk groups down to the leaf command
-            name, rest = rest[0], rest[1:]
-            assert name in sub.commands, f"`coevolve {' '.join(path + [name])}` does not exist"
-            path.append(name)
-            sub = sub.commands[name]
-        sub.make_context(name, list(rest), parent=ctx)
+    path, command, rest = command_of(args)
+    with cli.make_context("coevolve", list(args), resilient_parsing=False) as ctx:
+        command.make_context(path[-1], list(rest), parent=ctx)
     started = subprocess.run([sys.executable, "-c", "from coevolve.services.cli import main; main()", *path,
                               "--help"], capture_output=True, text=True, timeout=60)
     assert started.returncode == 0, started.stderr
@@ -141,16 +136,17 @@ def test_every_container_runs_a_real_coevolve_command_with_flags_it_accepts(targ
 @pytest.mark.parametrize("target", OVERLAYS)
 def test_services_probe_the_health_endpoint_they_serve(target):
     docs = render(target)
-    deployments = {d["metadata"]["name"]: c for d, c in containers(docs) if d["kind"] == "Deployment"}
-    assert set(deployments) >= {"streams-worker", "archiver", "vllm-server"}
-    for name, c in deployments.items():
+    services = {d["metadata"]["name"]: c for d, c in containers(docs)
+                if d["kind"] == "Deployment" or d["metadata"]["name"] == "learner"}
+    assert set(services) >= {"streams-worker", "archiver", "vllm-server", "explorer", "validator", "learner"}
+    for name, c in services.items():
         probes = [c[p] for p in ("livenessProbe", "readinessProbe", "startupProbe") if p in c]
-        assert len(probes) >= 2, name
-        if "command" in c:  # vLLM's own server: /health on its API port
+        assert len(probes) >= 2 and "livenessProbe" in c, name
+        args = coevolve_argv(c, docs)
+        if args is None:  # vLLM's own server: /health on its API port
             assert all(p["httpGet"] == {"path": "/health", "port": "http"} for p in probes)
             continue
         port = str(next(p["containerPort"] for p in c["ports"] if p["name"] == "metrics"))
-        args = c["args"]
         assert args[args.index("--metrics-port") + 1] == port
         assert args[args.index("--metrics-host") + 1] == "0.0.0.0"
         assert all(p["httpGet"] == {"path": "/healthz", "port": "metrics"} for p in probes)
@@ -245,11 +241,15 @@ def test_every_workload_is_hardened(target):
 
 @pytest.mark.parametrize("target", OVERLAYS)
 def test_long_running_workers_have_disruption_budgets(target):
+    """Workers that may run several replicas keep some through a drain; a singleton replaced rather
+    than rolled (explorer, validator) has no budget: with one replica it would protect nothing."""
     docs = render(target)
     budgets = [d["spec"]["selector"]["matchLabels"] for d in docs if d["kind"] == "PodDisruptionBudget"]
     for d in docs:
         if d["kind"] == "Deployment":
-            assert d["spec"]["selector"]["matchLabels"] in budgets, d["metadata"]["name"]
+            singleton = d["spec"].get("strategy", {}).get("type") == "Recreate"
+            assert (d["spec"]["selector"]["matchLabels"] in budgets) != singleton, d["metadata"]["name"]
+            assert not singleton or d["spec"]["replicas"] == 1, d["metadata"]["name"]
 
 
 def test_production_scales_signal_workers_up_to_the_trajectory_partitions():
