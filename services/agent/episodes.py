@@ -99,6 +99,10 @@ def _arguments(call: Call) -> str:
     return json.dumps(values, default=repr, sort_keys=True)
 
 
+class EpisodesStopped(RuntimeError):
+    """`run_episodes` was asked to stop (a service shutting down) before every episode ended."""
+
+
 class EpisodeRunner:
     """Drives one episode: hands out its next request and takes the completion back."""
 
@@ -221,12 +225,13 @@ class EpisodeRunner:
 def run_episodes(tasks: Sequence[Task], env: str | Callable[[], Environment], backend: Backend,
                  sampling: SamplingConfig, limits: EpisodeLimits | None = None,
                  on_done: Callable[[Episode], None] | None = None,
-                 max_in_flight: int | None = None, rewrite_prompt: PromptRewrite | None = None) -> list[Episode]:
+                 max_in_flight: int | None = None, rewrite_prompt: PromptRewrite | None = None,
+                 should_stop: Callable[[], bool] | None = None) -> list[Episode]:
     """Play one episode per task (repeat a task for K rollouts), batching each round's generations.
 
     At most `max_in_flight` episodes run at once (all by default); a finished one makes room for the
     next task. `rewrite_prompt` may change each episode's first messages. Episodes come back in the
-    order of `tasks`.
+    order of `tasks`. When `should_stop()` turns true, the next round raises `EpisodesStopped`.
     """
     limits = limits or EpisodeLimits()
     make = (lambda: make_env(env)) if isinstance(env, str) else env
@@ -236,6 +241,8 @@ def run_episodes(tasks: Sequence[Task], env: str | Callable[[], Environment], ba
     active: list[tuple[int, EpisodeRunner]] = []
     episodes: list[Episode | None] = [None] * len(tasks)
     while queue or active:
+        if should_stop is not None and should_stop():
+            raise EpisodesStopped(f"stopped with {len(active)} episodes running and {len(queue)} not started")
         while queue and len(active) < width:
             index, task = queue.pop()
             active.append((index, EpisodeRunner(task, make(), template, limits, backend.version, rewrite_prompt)))

@@ -10,6 +10,7 @@ step, task, rollout), so a step re-run after a crash republishes the same ids, w
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from datetime import datetime, timezone
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 from prometheus_client import Counter, Gauge, Histogram
 
 from coevolve.services.agent.config import BackendConfig, EpisodeLimits, SamplingConfig
+from coevolve.services.agent.episodes import EpisodesStopped
 from coevolve.services.kafka.topics import EVALUATIONS, STEPS, TASKS, TRAJECTORIES
 from coevolve.services.learner import checkpoint as ckpt
 from coevolve.services.learner.config import GRPOConfig, LearnerConfig, SamplerConfig
@@ -104,6 +106,7 @@ class Learner(Service):
         self.producer = EventProducer(self.cfg.kafka_bootstrap, client_id="coevolve-learner")
         self.runner = StepRunner(self.cfg, self.grpo, self.pool, self.backend, self.engine, self.sampling,
                                  self.limits, self.run_id, self.reward)
+        self.runner.should_stop = lambda: self.stopping
         self._follow_tasks()
         if self.cfg.resume and self.resumed is None:
             self.log.info("learner.resume_fresh", workdir=str(self.cfg.workdir),
@@ -117,7 +120,9 @@ class Learner(Service):
     def _pool(self) -> TaskPool:
         from coevolve.services.envs.bfcl_data import load_tasks
 
-        seeds = load_tasks(self.cfg.category_list, split="train")
+        # Categories interleaved, so a cap on seed_tasks keeps each category's share.
+        by_category = [load_tasks([c], split="train") for c in self.cfg.category_list]
+        seeds = [t for group in itertools.zip_longest(*by_category) for t in group if t is not None]
         if self.cfg.seed_tasks:
             seeds = seeds[:self.cfg.seed_tasks]
         return TaskPool(seeds, self.sampler_cfg, seed=self.grpo.seed)
@@ -153,7 +158,11 @@ class Learner(Service):
         """One training step, published and checkpointed; stop after the last."""
         step = self.done + 1
         blocked = self.pool.refresh(step)
-        result = self.runner.run(step, blocked)
+        try:
+            result = self.runner.run(step, blocked)
+        except EpisodesStopped as stopped:  # nothing of this step was published; a resume redoes it
+            self.log.info("learner.step_abandoned", step=step, reason=str(stopped))
+            return
         evaluation = None
         if due(self.cfg, step):
             evaluation = evaluate(self.backend, self.backend_cfg, self.cfg, self.limits,

@@ -84,6 +84,7 @@ class StepRunner:
         self.sampling, self.limits, self.run_id = sampling, limits, run_id
         self.reward = reward or reward_function(grpo.reward)
         self.times: dict[str, float] = {}
+        self.should_stop: Callable[[], bool] | None = None  # the service's stop flag: abandon the rollouts
 
     def _timed(self, name: str, work: Callable[[], Any]) -> Any:
         started = time.perf_counter()
@@ -97,7 +98,8 @@ class StepRunner:
         k = self.cfg.group_size
         tasks = [d.task for d in drawn for _ in range(k)]
         episodes = self._timed("rollout", lambda: run_episodes(
-            tasks, self.env, self.backend, self.sampling, self.limits, max_in_flight=self.cfg.in_flight))
+            tasks, self.env, self.backend, self.sampling, self.limits, max_in_flight=self.cfg.in_flight,
+            should_stop=self.should_stop))
         groups = [Group(d, episodes[i * k:(i + 1) * k]) for i, d in enumerate(drawn)]
 
         def score() -> None:

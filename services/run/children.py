@@ -90,7 +90,7 @@ def wait_healthy(children: list[Child], timeout_s: float) -> None:
             if child.exit_code is not None:
                 raise child.failure()
             state = child.health()
-            if state is not None and state.get("started", True):
+            if state is not None and state.get("ready", True):
                 waiting.remove(child)
         if waiting and time.monotonic() > deadline:
             names = ", ".join(c.name for c in waiting)

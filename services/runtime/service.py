@@ -60,7 +60,7 @@ class Service:
             self.m_commit = Gauge(f"{self.name}_last_commit_timestamp_seconds", "Unix time of the last offset "
                                   "commit.", registry=self.registry)
         self.last_beat = time.monotonic()
-        self.started = False
+        self.ready = False
         self.server = None
         self._stop = threading.Event()
 
@@ -91,7 +91,7 @@ class Service:
             self.log.info(f"{self.name}.serving", port=self.server.server_address[1])
         try:
             self.start()
-            self.started = True
+            self.ready = True
             self.loop()
         finally:
             try:
@@ -122,7 +122,7 @@ class Service:
 
     def health(self) -> tuple[bool, dict]:
         age = time.monotonic() - self.last_beat
-        return age < self.stale_s, {**self.details(), "started": self.started, "seconds_since_poll": round(age, 3)}
+        return age < self.stale_s, {**self.details(), "ready": self.ready, "seconds_since_poll": round(age, 3)}
 
     def settle(self, work: Callable[[], object], commit: Callable[[], object], events: int) -> None:
         """Run `work` (store or publish, confirmed), then `commit` the offsets it covers: a failure in

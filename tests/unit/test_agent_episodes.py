@@ -3,7 +3,7 @@ import pytest
 
 from coevolve.schemas.codec import default_registry
 from coevolve.services.agent.config import EpisodeLimits, SamplingConfig
-from coevolve.services.agent.episodes import run_episodes
+from coevolve.services.agent.episodes import EpisodesStopped, run_episodes
 from coevolve.services.envs import make_env
 from coevolve.services.envs.bfcl_data import get_task
 from coevolve.services.envs.calls import parse_action
@@ -202,3 +202,12 @@ def test_a_prompt_rewrite_reaches_the_tokens_and_the_model(tokenizer, task):
     (episode,) = run_episodes([task], "bfcl", backend, SAMPLING, LIMITS, rewrite_prompt=add_context)
     assert all(s.endswith("Explore: mv fails on missing files.") for s in seen)
     assert "Explore: mv fails" in tokenizer.decode(episode.token_ids[:episode.prompt_len])
+
+
+def test_a_stop_request_abandons_the_rollouts_between_rounds(tokenizer, task):
+    rounds = []
+    backend = ScriptedBackend(tokenizer, reference_script(task))
+    with pytest.raises(EpisodesStopped, match="2 episodes running"):
+        run_episodes([task, task], "bfcl", backend, SAMPLING, LIMITS,
+                     should_stop=lambda: rounds.append(1) or len(rounds) > 2)
+    assert len(rounds) == 3  # two rounds of generations ran, the third was refused

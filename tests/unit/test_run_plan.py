@@ -1,0 +1,68 @@
+"""Presets and overrides of `coevolve run`: every key is checked before anything starts."""
+import pytest
+
+from coevolve.services.run.plan import make_plan, parse_override, preset_names
+from coevolve.services.runtime.config import ConfigError
+
+
+def test_the_three_presets_ship_and_load():
+    assert {"smoke", "demo", "paper"} <= set(preset_names())
+    for name in ("smoke", "demo", "paper"):
+        plan = make_plan(name)
+        assert plan.preset == name and plan.run.steps >= 1
+
+
+def test_paper_preset_holds_the_papers_settings():
+    plan = make_plan("paper")
+    learner = plan.sections["learner"]
+    assert (learner["lr"], learner["group_size"], learner["batch_tasks"]) == (1e-6, 8, 32)
+    assert (learner["clip_low"], learner["clip_high"], learner["kl_beta"]) == (0.20, 0.28, 0.001)
+    assert (learner["temperature"], learner["max_new_tokens"], learner["reward"]) == (0.9, 4096, "binary")
+    assert plan.run.steps == 120 and learner["seed_tasks"] == 100
+    assert plan.sections["explorer"]["every_steps"] == 10 and plan.sections["explorer"]["backend"] == "openai"
+
+
+def test_overrides_reach_the_process_environment_as_section_prefixed_variables():
+    plan = make_plan("smoke", ["learner.lr=1e-5", "streams.success_threshold=0.4", "run.steps=2",
+                               "explorer.cluster_by_task=false"])
+    env = plan.env("learner")
+    assert float(env["LEARNER_LR"]) == 1e-5 and env["LEARNER_STEPS"] == "2"
+    assert plan.env("streams")["STREAMS_SUCCESS_THRESHOLD"] == "0.4"
+    assert plan.env("explorer")["EXPLORER_CLUSTER_BY_TASK"] == "false"
+
+
+def test_a_misspelt_field_fails_with_a_suggestion():
+    with pytest.raises(ConfigError, match=r"learner\.batch_task is not a setting.*did you mean 'batch_tasks'"):
+        make_plan("smoke", ["learner.batch_task=1"])
+
+
+def test_a_bad_value_fails_before_anything_starts():
+    with pytest.raises(ConfigError, match="reward"):
+        make_plan("smoke", ["learner.reward=sometimes"])
+    with pytest.raises(ConfigError, match="strategy"):
+        make_plan("smoke", ["explorer.strategy=clever"])
+
+
+def test_settings_the_run_manages_cannot_be_overridden():
+    with pytest.raises(ConfigError, match="kafka_bootstrap is not a setting"):
+        make_plan("smoke", ["learner.kafka_bootstrap=elsewhere:9092"])
+
+
+def test_unknown_sections_presets_and_malformed_overrides_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="unknown section 'trainer'"):
+        make_plan("smoke", ["trainer.lr=1"])
+    with pytest.raises(ConfigError, match="unknown preset 'tiny'"):
+        make_plan("tiny")
+    with pytest.raises(ConfigError, match="SECTION.FIELD=VALUE"):
+        parse_override("lr=1")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("learner: [1, 2]\n")
+    with pytest.raises(ConfigError, match="mappings of fields"):
+        make_plan(str(bad))
+
+
+def test_a_preset_file_of_ones_own_loads(tmp_path):
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("run:\n  steps: 7\nlearner:\n  model: tiny-random\n")
+    plan = make_plan(str(mine))
+    assert plan.preset == "mine" and plan.run.steps == 7 and plan.env("learner")["LEARNER_MODEL"] == "tiny-random"
