@@ -388,8 +388,12 @@ def explorer(
     every_steps: Optional[int] = typer.Option(None, help="Training steps per period (1)."),
     step_window: Optional[float] = typer.Option(None, help="Close a period this many seconds after its "
                                                 "first signal without its StepCompleted (300)."),
+    step_grace: Optional[float] = typer.Option(None, help="Keep a period open this many seconds after its "
+                                               "StepCompleted for late signals (5)."),
     runs: Optional[int] = typer.Option(None, help="R: exploration runs per cluster (3)."),
     calls_per_run: Optional[int] = typer.Option(None, help="S: most tool calls per run (8)."),
+    fallback_tasks: Optional[int] = typer.Option(None, help="Seed tasks explored randomly when a period "
+                                                 "explores no signal (0: off)."),
     max_new_tokens: Optional[int] = MaxTokensOpt,
     max_runs_per_period: Optional[int] = typer.Option(None, help="Most runs per period (0: no limit)."),
     max_tokens_per_period: Optional[int] = typer.Option(None, help="Most tokens per period (0: no limit)."),
@@ -403,7 +407,8 @@ def explorer(
 
     core = _load(ExplorerConfig, "explorer", dict(
         strategy=strategy, signal_kinds=signal_kinds, signals_per_step=signals_per_step, every_steps=every_steps,
-        step_window_s=step_window, runs=runs, calls_per_run=calls_per_run))
+        step_window_s=step_window, step_grace_s=step_grace, runs=runs, calls_per_run=calls_per_run,
+        fallback_tasks=fallback_tasks))
     backend_cfg = _load(BackendConfig, "explorer", {"model": model, "backend": backend, "base_url": base_url})
     cfg = _load(ExplorerServiceConfig, "explorer", dict(
         kafka_bootstrap=_require(bootstrap), group_id=group_id, max_new_tokens=max_new_tokens,

@@ -60,7 +60,6 @@ class Validator(Service):
         self.delivered: dict = {}
         self.backend = self.consumer = self.producer = None
         self.uncommitted = 0
-        self.ready: list = []
         self.last_event = time.monotonic()
         self.checked = self.validated = 0
         reg = self.registry
@@ -97,7 +96,7 @@ class Validator(Service):
         """Poll once, group, check the groups that are ready, publish, commit when no group waits."""
         items = self.consumer.poll(0.5)
         self.beat()
-        ready = self.ready
+        ready: list = []
         for item in items:
             self.delivered[str(item.event["event_id"])] = item
             group = self.groups.add(item.event, time.monotonic())
@@ -107,18 +106,19 @@ class Validator(Service):
         ready += self.groups.expire(time.monotonic(), self.cfg.group_wait_s)
         if items or ready or not self.consumer.assigned():
             self.last_event = self.last_beat
-        # one group per step, so the consumer polls (and stays in its group) between model calls
-        done, self.ready = ready[:1], ready[1:]
-        results = [check_group(g, self.backend, self.index, self.core, self.sampling, self.limits) for g in done]
+        results: list[Checked] = []
+        if ready:
+            with self.consumer.working():  # model work outlasts the poll interval; keep the group
+                results = [check_group(g, self.backend, self.index, self.core, self.sampling, self.limits)
+                           for g in ready]
         self.uncommitted += len(items)
-        if self.groups.pending or self.ready:
-            self._publish(done, results)
+        if self.groups.pending:
+            self._publish(ready, results)
         elif self.uncommitted or results:
-            self.settle(lambda: self._publish(done, results), self._commit, self.uncommitted)
+            self.settle(lambda: self._publish(ready, results), self._commit, self.uncommitted)
             self.uncommitted = 0
         idle = time.monotonic() - self.last_event
-        waiting = self.groups.pending or self.ready
-        if self.cfg.idle_exit_seconds and not waiting and idle >= self.cfg.idle_exit_seconds:
+        if self.cfg.idle_exit_seconds and not self.groups.pending and idle >= self.cfg.idle_exit_seconds:
             self.stop()
 
     def _publish(self, groups: list, results: list[Checked]) -> None:
