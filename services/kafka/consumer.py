@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from kafka import KafkaConsumer, TopicPartition
 
 from coevolve.schemas import DecodeError, SchemaRegistry, default_registry
+from coevolve.services.kafka.offsets import true_end_offsets
 from coevolve.services.kafka.producer import EventProducer
 from coevolve.services.kafka.settings import FETCH_MAX_WAIT_MS, GROUP_TIMEOUTS_MS
 from coevolve.services.kafka.topics import DEADLETTER
@@ -62,6 +63,7 @@ class EventConsumer:
         self.dead_lettered = 0
         self._held: list = []  # records a keep-alive poll returned, delivered by the next poll()
         self._group = group_id is not None
+        self._bootstrap = bootstrap
         common = dict(bootstrap_servers=bootstrap, enable_auto_commit=False,
                       auto_offset_reset="earliest" if from_beginning else "latest",
                       client_id=f"coevolve-{service}", max_poll_records=5000,
@@ -165,6 +167,23 @@ class EventConsumer:
             if batch:
                 out += batch
                 last = time.monotonic()
+        return out
+
+    def read_to_end(self, timeout_s: float = 30.0) -> list[Delivered]:
+        """Every event up to the partitions' ends as of now (a consumer without a group, e.g. a service
+        loading a compacted catalog at start); what was read by `timeout_s`, with a warning, if short."""
+        parts = sorted(self._consumer.assignment())
+        reported = self._consumer.end_offsets(parts)
+        ends = true_end_offsets(self._bootstrap, {(tp.topic, tp.partition): reported[tp] for tp in parts})
+        out: list[Delivered] = []
+        deadline = time.monotonic() + timeout_s
+        behind = [tp for tp in parts if ends[(tp.topic, tp.partition)]]
+        while behind and time.monotonic() < deadline:
+            out += self.poll(0.2)
+            behind = [tp for tp in behind if self._consumer.position(tp) < ends[(tp.topic, tp.partition)]]
+        if behind:
+            log.warning("consumer.read_to_end_short", service=self.service, timeout_s=timeout_s,
+                        partitions=[f"{tp.topic}:{tp.partition}" for tp in behind])
         return out
 
     def commit(self) -> None:

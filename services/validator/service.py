@@ -4,7 +4,9 @@ Explorations gather in `ExplorationGroups` (the rounds of one source on one task
 or one that waited `group_wait_s`, is abstracted by the model into a proposed task, which goes through
 the validation stages (`proposing.check_group`). Every verdict is published to `coevolve.tasks`, keyed
 by the task id; a group whose abstraction never parsed goes to the dead-letter topic with the reason.
-Offsets are committed after publishing, and only while no exploration waits in an open group.
+Offsets are committed after publishing, and only while no exploration waits in an open group. At
+start the tasks already validated on `coevolve.tasks` join the novelty index, so a restart keeps
+rejecting their duplicates.
 """
 from __future__ import annotations
 
@@ -84,13 +86,37 @@ class Validator(Service):
 
         cfg = self.cfg
         self.index = NoveltyIndex(load_tasks(split="all"), self.core.similarity_threshold)
+        known = self._load_catalog()
         self.backend = make_backend(self.backend_cfg)
         self.producer = EventProducer(cfg.kafka_bootstrap, client_id="coevolve-validator")
         self.consumer = EventConsumer(cfg.kafka_bootstrap, [EXPLORATIONS.name], group_id=cfg.group_id,
                                       service="validator", deadletters=self.producer)
         self.log.info("validator.started", bootstrap=cfg.kafka_bootstrap, validation=self.core.validation,
-                      model=self.backend_cfg.model, backend=self.backend_cfg.backend, seeds=len(self.index))
+                      model=self.backend_cfg.model, backend=self.backend_cfg.backend,
+                      seeds=len(self.index) - known, validated_before=known)
         self.last_event = time.monotonic()
+
+    def _load_catalog(self) -> int:
+        """Add the tasks validated before this start (the compacted coevolve.tasks, read from the
+        beginning without a group) to the novelty index; their count."""
+        from coevolve.services.envs.base import Task
+
+        reader = EventConsumer(self.cfg.kafka_bootstrap, [TASKS.name], service="validator-catalog")
+        try:
+            latest = {str(i.event["task_id"]): i.event for i in reader.read_to_end() if i.name == "TaskChecked"}
+        finally:
+            reader.close()
+        known = 0
+        for record in latest.values():  # the last verdict per task, as compaction keeps it
+            if record["verdict"] != "validated":
+                continue
+            try:
+                self.index.add(Task.from_record(record))
+            except (ValueError, KeyError, TypeError) as exc:
+                self.log.warning("validator.catalog_task_skipped", task_id=record["task_id"], error=str(exc))
+                continue
+            known += 1
+        return known
 
     def step(self) -> None:
         """Poll once, group, check the groups that are ready, publish, commit when no group waits."""
