@@ -375,6 +375,7 @@ GroupOpt = typer.Option(None, help="Consumer group id.")
 IdleOpt = typer.Option(None, help="Stop after this many idle seconds (0: never).")
 MetricsPortOpt = typer.Option(None, help="Port of /healthz and /metrics (-1 disables, 0 picks one).")
 MaxTokensOpt = typer.Option(None, help="New tokens per generation (default 256).")
+JsonTokensOpt = typer.Option(None, help="New tokens per structured (JSON) answer (default 1024).")
 
 
 @app.command()
@@ -394,7 +395,7 @@ def explorer(
     calls_per_run: Optional[int] = typer.Option(None, help="S: most tool calls per run (8)."),
     fallback_tasks: Optional[int] = typer.Option(None, help="Seed tasks explored randomly when a period "
                                                  "explores no signal (0: off)."),
-    max_new_tokens: Optional[int] = MaxTokensOpt,
+    max_new_tokens: Optional[int] = MaxTokensOpt, json_max_new_tokens: Optional[int] = JsonTokensOpt,
     max_runs_per_period: Optional[int] = typer.Option(None, help="Most runs per period (0: no limit)."),
     max_tokens_per_period: Optional[int] = typer.Option(None, help="Most tokens per period (0: no limit)."),
     group_id: Optional[str] = GroupOpt, idle_exit: Optional[float] = IdleOpt,
@@ -412,7 +413,7 @@ def explorer(
     backend_cfg = _load(BackendConfig, "explorer", {"model": model, "backend": backend, "base_url": base_url})
     cfg = _load(ExplorerServiceConfig, "explorer", dict(
         kafka_bootstrap=_require(bootstrap), group_id=group_id, max_new_tokens=max_new_tokens,
-        max_runs_per_period=max_runs_per_period, max_tokens_per_period=max_tokens_per_period,
+        json_max_new_tokens=json_max_new_tokens, max_runs_per_period=max_runs_per_period, max_tokens_per_period=max_tokens_per_period,
         idle_exit_seconds=idle_exit, metrics_port=metrics_port, metrics_host=metrics_host))
     print(f"explorer committed {Explorer(cfg, core, backend_cfg).serve_until_signalled()} events", flush=True)
 
@@ -425,7 +426,7 @@ def validator(
                                        "(the paper's ablation)."),
     rounds_per_group: Optional[int] = typer.Option(None, help="Exploration rounds of one group (3)."),
     group_wait: Optional[float] = typer.Option(None, help="Seconds an incomplete group waits (60)."),
-    max_new_tokens: Optional[int] = MaxTokensOpt,
+    max_new_tokens: Optional[int] = MaxTokensOpt, json_max_new_tokens: Optional[int] = JsonTokensOpt,
     group_id: Optional[str] = GroupOpt, idle_exit: Optional[float] = IdleOpt,
     metrics_port: Optional[int] = MetricsPortOpt, metrics_host: Optional[str] = MetricsHostOpt,
 ) -> None:
@@ -439,8 +440,8 @@ def validator(
     backend_cfg = _load(BackendConfig, "validator", {"model": model, "backend": backend, "base_url": base_url})
     cfg = _load(ValidatorServiceConfig, "validator", dict(
         kafka_bootstrap=_require(bootstrap), group_id=group_id, group_wait_s=group_wait,
-        max_new_tokens=max_new_tokens, idle_exit_seconds=idle_exit, metrics_port=metrics_port,
-        metrics_host=metrics_host))
+        max_new_tokens=max_new_tokens, json_max_new_tokens=json_max_new_tokens, idle_exit_seconds=idle_exit,
+        metrics_port=metrics_port, metrics_host=metrics_host))
     print(f"validator committed {Validator(cfg, core, backend_cfg).serve_until_signalled()} events", flush=True)
 
 

@@ -77,7 +77,7 @@ def explore_guided(backend, task: Task, context: dict, config: ExplorerConfig, s
 
 
 def _guided(plan: Plan, backend, config: ExplorerConfig, sampling: SamplingConfig, budget: Budget,
-            limits: EpisodeLimits, model: str, out: Outcome) -> None:
+            limits: EpisodeLimits, model: str, out: Outcome, json_sampling: SamplingConfig) -> None:
     started = time.monotonic()
     for cluster in plan.chosen:
         if _spent(out, budget, config, started):
@@ -88,7 +88,7 @@ def _guided(plan: Plan, backend, config: ExplorerConfig, sampling: SamplingConfi
         except KeyError as exc:
             out.rejected.append((cluster, "no_task", f"no task to explore: {exc.args[0]}"))
             continue
-        context, reason = reflect(backend, cluster, task, sampling, config.parse_attempts)
+        context, reason = reflect(backend, cluster, task, json_sampling, config.parse_attempts)
         if context is None:
             out.rejected.append((cluster, "unparseable_reflection", reason))
             continue
@@ -119,14 +119,17 @@ def _record(out: Outcome, runs: list[ExplorationRun], plan: Plan, cluster: Clust
 
 
 def explore_plan(plan: Plan, backend, config: ExplorerConfig, sampling: SamplingConfig, budget: Budget,
-                 model: str, task_ids: list[str], limits: EpisodeLimits | None = None) -> Outcome:
-    """Explore one closed period by the configured strategy (`limits` bound each run's context); when
-    that explores nothing, `fallback_tasks` seed tasks by the random strategy (`random-fallback`)."""
+                 model: str, task_ids: list[str], limits: EpisodeLimits | None = None,
+                 json_sampling: SamplingConfig | None = None) -> Outcome:
+    """Explore one closed period by the configured strategy (`limits` bound each run's context, and
+    reflections use `json_sampling`, by default `sampling`); when that explores nothing,
+    `fallback_tasks` seed tasks by the random strategy (`random-fallback`)."""
     out = Outcome()
     if config.strategy == "random" and plan.gathered:
         _random(plan, config, budget, task_ids, out, config.signals_per_step, "random")
     elif config.strategy != "random":
-        _guided(plan, backend, config, sampling, budget, limits or EpisodeLimits(), model, out)
+        _guided(plan, backend, config, sampling, budget, limits or EpisodeLimits(), model, out,
+                json_sampling or sampling)
     if config.fallback_tasks and not out.records:
         _random(plan, config, budget, task_ids, out, config.fallback_tasks, FALLBACK)
         out.fell_back = bool(out.records)

@@ -20,22 +20,26 @@ CONTEXT_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
     "required": ["failure", "location", "to_try"],
     "properties": {
-        "failure": {"type": "string", "minLength": 1, "maxLength": 1000,
+        "failure": {"type": "string", "minLength": 1, "maxLength": 200,
                     "description": "What failed or was unstable, in one or two sentences."},
         "location": {
             "type": "object", "additionalProperties": False, "required": ["classes", "tools"],
             "properties": {
-                "classes": {"type": "array", "minItems": 1, "items": {"type": "string"}},
-                "tools": {"type": "array", "minItems": 1, "items": {"type": "string"}},
-                "state": {"type": "string", "maxLength": 500,
+                "classes": {"type": "array", "minItems": 1, "maxItems": 3,
+                            "items": {"type": "string", "minLength": 1, "maxLength": 32}},
+                "tools": {"type": "array", "minItems": 1, "maxItems": 4,
+                          "items": {"type": "string", "minLength": 1, "maxLength": 32}},
+                "state": {"type": "string", "maxLength": 120,
                           "description": "The part of the environment's state involved (a folder, a ticket...)."},
             },
         },
-        "to_try": {"type": "array", "minItems": 1, "maxItems": 8,
-                   "items": {"type": "string", "minLength": 1, "maxLength": 500},
+        "to_try": {"type": "array", "minItems": 1, "maxItems": 3,
+                   "items": {"type": "string", "minLength": 1, "maxLength": 160},
                    "description": "Concrete things to try in the environment, most promising first."},
     },
 }
+"""Every string and array is bounded, so grammar-constrained decoding (vLLM) ends in a complete answer
+whatever the model: a random-weight one fills each string to its bound but cannot run on inside one."""
 
 _KIND_MEANING = {
     "forgetting": "the agent used to solve this task but its latest attempt failed (capability regression)",

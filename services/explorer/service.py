@@ -10,6 +10,7 @@ deterministic exploration ids let consumers drop what was published twice.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -32,7 +33,9 @@ class ExplorerServiceConfig:
     kafka_bootstrap: str = doc("127.0.0.1:9092", "Kafka bootstrap address HOST:PORT.")
     group_id: str = doc("coevolve-explorer", "Consumer group; its committed offsets are the explorer's progress.")
     temperature: float = doc(0.7, "Sampling temperature of reflections and exploration runs.")
-    max_new_tokens: int = doc(256, "New tokens per generation.")
+    max_new_tokens: int = doc(256, "New tokens per generation in exploration runs.")
+    json_max_new_tokens: int = doc(1024, "New tokens per reflection (a JSON answer); the schema's bounds keep "
+                                         "a complete answer within it.")
     max_runs_per_period: int = doc(0, "Most exploration runs per period (0: no limit); the rest is skipped.")
     max_tokens_per_period: int = doc(0, "Most tokens (prompt and completion) per period (0: no limit).")
     max_seconds_per_period: float = doc(0.0, "Most wall time per period's exploration (0: no limit).")
@@ -41,8 +44,8 @@ class ExplorerServiceConfig:
     metrics_host: str = doc("127.0.0.1", "Address /healthz and /metrics listen on (0.0.0.0 in a pod).")
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens < 1 or self.temperature < 0:
-            raise ConfigError("max_new_tokens must be >= 1 and temperature >= 0")
+        if min(self.max_new_tokens, self.json_max_new_tokens) < 1 or self.temperature < 0:
+            raise ConfigError("max_new_tokens and json_max_new_tokens must be >= 1, temperature >= 0")
         if min(self.max_runs_per_period, self.max_tokens_per_period, self.max_seconds_per_period) < 0:
             raise ConfigError("period limits must be >= 0 (0: no limit)")
 
@@ -58,6 +61,7 @@ class Explorer(Service):
         self.buffer = SignalBuffer(core)
         self.sampling = SamplingConfig(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                                        seed=backend_cfg.seed)
+        self.json_sampling = dataclasses.replace(self.sampling, max_new_tokens=cfg.json_max_new_tokens)
         self.budget = Budget(cfg.max_runs_per_period, cfg.max_tokens_per_period, cfg.max_seconds_per_period)
         self.delivered: dict = {}
         self.backend = self.consumer = self.producer = None
@@ -135,7 +139,8 @@ class Explorer(Service):
         self.m_skipped.labels("priority").inc(plan.skipped)
         self.m_skipped.labels("kind").inc(plan.ignored)
         model = self.backend_cfg.model if self.backend is not None else ""
-        out = explore_plan(plan, self.backend, self.core, self.sampling, self.budget, model, self.task_ids)
+        out = explore_plan(plan, self.backend, self.core, self.sampling, self.budget, model, self.task_ids,
+                           json_sampling=self.json_sampling)
         self.m_skipped.labels("budget").inc(out.over_budget)
         self.m_runs.inc(out.runs)
         self.m_calls.inc(out.calls)

@@ -35,15 +35,18 @@ class ValidatorServiceConfig:
     group_id: str = doc("coevolve-validator", "Consumer group; its committed offsets are the validator's progress.")
     group_wait_s: float = doc(60.0, "Abstract an incomplete exploration group after it waited this long.")
     temperature: float = doc(0.7, "Sampling temperature of abstractions (the dual-pass attempt is greedy).")
-    max_new_tokens: int = doc(256, "New tokens per generation.")
+    max_new_tokens: int = doc(256, "New tokens per generation of the dual-pass attempt.")
+    json_max_new_tokens: int = doc(1024, "New tokens per abstraction (a JSON answer); the schema's bounds keep "
+                                         "a complete answer within it.")
     attempt_calls_per_turn: int = doc(10, "Most tool calls per user turn in the dual-pass attempt.")
     idle_exit_seconds: float = doc(0.0, "Stop after this long with nothing to read or check; 0 runs until signalled.")
     metrics_port: int = doc(-1, "Port of /healthz and /metrics; 0 picks one, -1 disables.")
     metrics_host: str = doc("127.0.0.1", "Address /healthz and /metrics listen on (0.0.0.0 in a pod).")
 
     def __post_init__(self) -> None:
-        if self.group_wait_s <= 0 or self.max_new_tokens < 1 or self.attempt_calls_per_turn < 1:
-            raise ConfigError("group_wait_s must be > 0, max_new_tokens and attempt_calls_per_turn >= 1")
+        if self.group_wait_s <= 0 or min(self.max_new_tokens, self.json_max_new_tokens, self.attempt_calls_per_turn) < 1:
+            raise ConfigError("group_wait_s must be > 0, max_new_tokens, json_max_new_tokens and "
+                              "attempt_calls_per_turn >= 1")
 
 
 class Validator(Service):
@@ -55,8 +58,9 @@ class Validator(Service):
         super().__init__(cfg)
         self.core, self.backend_cfg = core, backend_cfg
         self.groups = ExplorationGroups(core.rounds_per_group)
-        self.sampling = SamplingConfig(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
+        self.sampling = SamplingConfig(temperature=cfg.temperature, max_new_tokens=cfg.json_max_new_tokens,
                                        seed=backend_cfg.seed)
+        self.attempt_sampling = SamplingConfig(temperature=0.0, max_new_tokens=cfg.max_new_tokens)
         self.limits = EpisodeLimits(max_calls_per_turn=cfg.attempt_calls_per_turn)
         self.index: NoveltyIndex | None = None
         self.delivered: dict = {}
@@ -135,8 +139,8 @@ class Validator(Service):
         results: list[Checked] = []
         if ready:
             with self.consumer.working():  # model work outlasts the poll interval; keep the group
-                results = [check_group(g, self.backend, self.index, self.core, self.sampling, self.limits)
-                           for g in ready]
+                results = [check_group(g, self.backend, self.index, self.core, self.sampling, self.limits,
+                                       self.attempt_sampling) for g in ready]
         self.uncommitted += len(items)
         if self.groups.pending:
             self._publish(ready, results)

@@ -29,7 +29,8 @@ from tests.unit.test_explorer_reflection import boundary_signal
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TASKS_USED = ("multi_turn_base_0", "multi_turn_base_1", "multi_turn_base_2")
-MODEL = ["--model", "tiny-random", "--backend", "transformers", "--max-new-tokens", "24"]
+MODEL = ["--model", "tiny-random", "--backend", "transformers", "--max-new-tokens", "24",
+         "--json-max-new-tokens", "48"]
 FAST = ["--step-grace", "1", "--metrics-port", "-1"]
 
 
