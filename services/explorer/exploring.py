@@ -21,7 +21,7 @@ from coevolve.services.explorer.config import FALLBACK, ExplorerConfig
 from coevolve.services.explorer.planning import Cluster, Plan, pick_random_tasks
 from coevolve.services.explorer.random_strategy import ExplorationRun, explore_randomly
 from coevolve.services.explorer.records import exploration_record
-from coevolve.services.explorer.reflection import (CONTEXT_SCHEMA, exploration_task, parse_context,
+from coevolve.services.explorer.reflection import (context_schema, exploration_task, parse_context,
                                                    reflection_messages)
 
 
@@ -58,7 +58,7 @@ def _spent(outcome: Outcome, budget: Budget, config: ExplorerConfig, started: fl
 
 def reflect(backend, cluster: Cluster, task: Task, sampling: SamplingConfig, attempts: int) -> tuple[dict | None, str]:
     """The cluster's exploration context, or None and why no answer could be used."""
-    answer = generate_json(backend, [reflection_messages(cluster, task)], CONTEXT_SCHEMA, sampling,
+    answer = generate_json(backend, [reflection_messages(cluster, task)], context_schema(task), sampling,
                            retries=attempts - 1)[0]
     if isinstance(answer, StructuredOutputError):
         return None, str(answer)

@@ -10,7 +10,7 @@ from coevolve.services.envs import bfcl_data
 from coevolve.services.explorer.planning import Cluster, SignalRef
 from coevolve.services.explorer.random_strategy import explore_randomly
 from coevolve.services.explorer.records import exploration_record
-from coevolve.services.explorer.reflection import CONTEXT_SCHEMA, reflection_messages
+from coevolve.services.explorer.reflection import CONTEXT_SCHEMA, context_schema, reflection_messages
 from coevolve.services.validator.abstraction import abstraction_messages, task_schema
 from coevolve.services.validator.config import ValidatorConfig
 from coevolve.services.validator.novelty import NoveltyIndex
@@ -32,6 +32,7 @@ def test_vllms_grammar_backend_accepts_both_answer_schemas():
     from vllm.v1.structured_output.backend_xgrammar import has_xgrammar_unsupported_json_features
 
     assert not has_xgrammar_unsupported_json_features(CONTEXT_SCHEMA)
+    assert not has_xgrammar_unsupported_json_features(context_schema(SEED))
     assert not has_xgrammar_unsupported_json_features(task_schema())
 
 
@@ -40,7 +41,7 @@ def test_random_weights_under_the_grammar_end_reflections_and_abstractions_in_sc
     runs = explore_randomly(SEED, runs=2, calls=3, seed=0)
     group = [exploration_record(run, "r1", 4, None, None, "random", "", 0) for run in runs]
     attempts = ValidatorConfig().parse_attempts  # the services' default, as in the explorer's config
-    reflections = generate_json(tiny, [reflection_messages(cluster, SEED)] * 2, CONTEXT_SCHEMA, JSON,
+    reflections = generate_json(tiny, [reflection_messages(cluster, SEED)] * 2, context_schema(SEED), JSON,
                                 retries=attempts - 1)
     proposals = generate_json(tiny, [abstraction_messages(group, SEED)] * 2, task_schema(), JSON,
                               retries=attempts - 1)

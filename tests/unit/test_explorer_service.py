@@ -68,7 +68,7 @@ def test_a_context_naming_a_tool_the_task_lacks_is_rejected():
     config = ExplorerConfig(runs=1)
     out = explore_plan(_plan(config, boundary_signal("s1")), _backend(json.dumps(bad)), config, SAMPLING,
                        Budget(), "m", [], LIMITS)
-    assert out.records == [] and "'teleport', not a tool of this task" in out.rejected[0][2]
+    assert out.records == [] and "$.location.tools[0]: 'teleport' is not one of" in out.rejected[0][2]
 
 
 def test_the_run_budget_skips_the_clusters_it_cannot_afford():
