@@ -180,3 +180,4 @@ def test_a_killed_and_restarted_explorer_resumes_from_its_offsets_and_publishes_
     assert len(ids) == len(set(ids)) == 16  # 4 tasks (signals_per_step) x 2 runs per period, none twice
     assert {e["event_id"] for e in before} <= set(ids)
     assert sorted(e["step"] for e in after) == [4] * 8 + [5] * 8
+
