@@ -9,6 +9,7 @@ one verdict (or a dead letter with the reason), and every task whose reference i
 """
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -57,11 +58,18 @@ def _command(name: str, bootstrap: str, args: list[str], idle_exit: float) -> li
             "--idle-exit", str(idle_exit)]
 
 
-def _run(name: str, bootstrap: str, args: list[str], log: Path, timeout: float = 150) -> str:
-    """Run `coevolve <name>` until it exits idle; its output."""
+def _run(name: str, bootstrap: str, args: list[str], log: Path, timeout: float = 300) -> str:
+    """Run `coevolve <name>` until it exits idle; its output. On a timeout, the process's threads'
+    stacks (faulthandler, on SIGABRT) and its log's tail are the failure message."""
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
     with open(log, "wb") as out:
-        proc = subprocess.run(_command(name, bootstrap, args, 4), stdout=out, stderr=subprocess.STDOUT,
-                              timeout=timeout)
+        proc = subprocess.Popen(_command(name, bootstrap, args, 4), stdout=out, stderr=subprocess.STDOUT, env=env)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            proc.wait(10)
+            pytest.fail(f"{name} still running after {timeout:.0f} s:\n{log.read_text()[-6000:]}")
     text = log.read_text()
     assert proc.returncode == 0, text[-3000:]
     return text
@@ -167,7 +175,7 @@ def test_a_killed_and_restarted_explorer_resumes_from_its_offsets_and_publishes_
     with open(tmp_path / "first.log", "wb") as out:
         first = subprocess.Popen(_command("explorer", bootstrap, args, 0), stdout=out, stderr=subprocess.STDOUT)
     try:
-        _wait_for(lambda: len(_read(bootstrap, EXPLORATIONS.name)) == 8, 120, "the first period's explorations")
+        _wait_for(lambda: len(_read(bootstrap, EXPLORATIONS.name)) == 8, 240, "the first period's explorations")
         _wait_for(lambda: _committed_all(bootstrap, "restart"), 30, "the first explorer's commit")
     finally:
         first.send_signal(signal.SIGKILL)  # no graceful stop: it resumes from what it committed

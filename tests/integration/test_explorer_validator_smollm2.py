@@ -16,7 +16,7 @@ def test_one_signal_end_to_end_with_smollm2_on_vllm(bootstrap, tmp_path):
     and the validator gives their group one verdict (or a dead letter with the reason)."""
     signal_ids = _publish_period(bootstrap)
     _run("explorer", bootstrap, [*SMOLLM2, *FAST, "--runs", "2", "--calls-per-run", "3", "--signals-per-step", "1",
-                                 "--group-id", "smollm2"], tmp_path / "explorer.log", timeout=580)
+                                 "--group-id", "smollm2"], tmp_path / "explorer.log", timeout=1200)
     explorations = _read(bootstrap, EXPLORATIONS.name)
     dead = [d for d in _read(bootstrap, DEADLETTER.name) if d["service"] == "explorer"]
     assert dead == [], dead[0]["reason"]
@@ -24,7 +24,7 @@ def test_one_signal_end_to_end_with_smollm2_on_vllm(bootstrap, tmp_path):
     assert len({e["signal_id"] for e in explorations}) == 1 and explorations[0]["signal_id"] in signal_ids
     assert all(e["context"] for e in explorations)
     _run("validator", bootstrap, [*SMOLLM2, "--metrics-port", "-1", "--rounds-per-group", "2", "--group-id",
-                                  "smollm2"], tmp_path / "validator.log", timeout=580)
+                                  "smollm2"], tmp_path / "validator.log", timeout=1200)
     verdicts = _read(bootstrap, TASKS.name)
     validator_dead = [d for d in _read(bootstrap, DEADLETTER.name) if d["service"] == "validator"]
     _assert_one_verdict_per_group(explorations, verdicts, validator_dead)
