@@ -31,7 +31,9 @@ from tests.unit.test_explorer_reflection import boundary_signal
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TASKS_USED = ("multi_turn_base_0", "multi_turn_base_1", "multi_turn_base_2")
 MODEL = ["--model", "tiny-random", "--backend", "transformers", "--max-new-tokens", "24",
-         "--json-max-new-tokens", "48"]
+         "--json-max-new-tokens", "24"]
+# Random weights never write parseable JSON without a grammar: one attempt shows it as well as three.
+ONE_ATTEMPT = {"EXPLORER_PARSE_ATTEMPTS": "1", "VALIDATOR_PARSE_ATTEMPTS": "1"}
 FAST = ["--step-grace", "1", "--metrics-port", "-1"]
 
 
@@ -58,10 +60,11 @@ def _command(name: str, bootstrap: str, args: list[str], idle_exit: float) -> li
             "--idle-exit", str(idle_exit)]
 
 
-def _run(name: str, bootstrap: str, args: list[str], log: Path, timeout: float = 300) -> str:
+def _run(name: str, bootstrap: str, args: list[str], log: Path, timeout: float = 300,
+         env: dict[str, str] | None = None) -> str:
     """Run `coevolve <name>` until it exits idle; its output. On a timeout, the process's threads'
     stacks (faulthandler, on SIGABRT) and its log's tail are the failure message."""
-    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1", **(env or {})}
     with open(log, "wb") as out:
         proc = subprocess.Popen(_command(name, bootstrap, args, 4), stdout=out, stderr=subprocess.STDOUT, env=env)
         try:
@@ -108,11 +111,12 @@ def _assert_replays(verdicts: list[dict]) -> int:
 def test_guided_reflections_that_never_parse_are_dead_lettered_then_the_fallback_explores(bootstrap, tmp_path):
     _publish_period(bootstrap)
     _run("explorer", bootstrap, [*MODEL, *FAST, "--runs", "2", "--calls-per-run", "2", "--signals-per-step",
-                                 "2", "--fallback-tasks", "2", "--group-id", "guided"], tmp_path / "explorer.log")
+                                 "2", "--fallback-tasks", "2", "--group-id", "guided"], tmp_path / "explorer.log",
+         env=ONE_ATTEMPT)
     dead = [d for d in _read(bootstrap, DEADLETTER.name) if d["service"] == "explorer"]
     # two clusters chosen (signals_per_step), the third skipped: one dead letter per chosen signal
     assert len(dead) == 2 and {d["error_type"] for d in dead} == {"unparseable_reflection"}
-    assert all(d["source_topic"] == SIGNALS.name and "no schema-valid JSON after 3 attempt(s)" in d["reason"]
+    assert all(d["source_topic"] == SIGNALS.name and "no schema-valid JSON after 1 attempt(s)" in d["reason"]
                for d in dead)
     assert {d["key"].decode() for d in dead} <= set(TASKS_USED)
     explorations = _read(bootstrap, EXPLORATIONS.name)
@@ -121,7 +125,7 @@ def test_guided_reflections_that_never_parse_are_dead_lettered_then_the_fallback
     assert all(e["tuples"] and e["signal_id"] is None and e["step"] == 4 for e in explorations)
 
     _run("validator", bootstrap, [*MODEL, "--metrics-port", "-1", "--rounds-per-group", "2", "--group-id",
-                                  "validator"], tmp_path / "validator.log")
+                                  "validator"], tmp_path / "validator.log", env=ONE_ATTEMPT)
     verdicts = _read(bootstrap, TASKS.name)
     validator_dead = [d for d in _read(bootstrap, DEADLETTER.name) if d["service"] == "validator"]
     _assert_one_verdict_per_group(explorations, verdicts, validator_dead)
@@ -137,7 +141,7 @@ def test_random_explorations_reach_the_validator_and_each_proposal_gets_one_verd
     assert {e["strategy"] for e in explorations} == {"random"} and all(e["tuples"] for e in explorations)
 
     _run("validator", bootstrap, [*MODEL, "--metrics-port", "-1", "--rounds-per-group", "2", "--group-id",
-                                  "validator"], tmp_path / "validator.log")
+                                  "validator"], tmp_path / "validator.log", env=ONE_ATTEMPT)
     verdicts = _read(bootstrap, TASKS.name)
     dead = [d for d in _read(bootstrap, DEADLETTER.name) if d["service"] == "validator"]
     _assert_one_verdict_per_group(explorations, verdicts, dead)

@@ -8,14 +8,16 @@ from tests.integration.test_explorer_validator import (FAST, _assert_one_verdict
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-SMOLLM2 = ["--model", "smollm2-135m-instruct", "--backend", "vllm"]
+SMOLLM2 = ["--model", "smollm2-135m-instruct", "--backend", "vllm", "--max-new-tokens", "96",
+           "--json-max-new-tokens", "512"]
 
 
+@pytest.mark.timeout(2400)  # two engine start-ups and CPU generation, on a shared machine
 def test_one_signal_end_to_end_with_smollm2_on_vllm(bootstrap, tmp_path):
     """The embedded default model, once: its reflection (grammar-constrained) is used, R runs explore,
     and the validator gives their group one verdict (or a dead letter with the reason)."""
     signal_ids = _publish_period(bootstrap)
-    _run("explorer", bootstrap, [*SMOLLM2, *FAST, "--runs", "2", "--calls-per-run", "3", "--signals-per-step", "1",
+    _run("explorer", bootstrap, [*SMOLLM2, *FAST, "--runs", "2", "--calls-per-run", "2", "--signals-per-step", "1",
                                  "--group-id", "smollm2"], tmp_path / "explorer.log", timeout=1200)
     explorations = _read(bootstrap, EXPLORATIONS.name)
     dead = [d for d in _read(bootstrap, DEADLETTER.name) if d["service"] == "explorer"]
