@@ -411,6 +411,7 @@ GroupOpt = typer.Option(None, help="Consumer group id.")
 IdleOpt = typer.Option(None, help="Stop after this many idle seconds (0: never).")
 MetricsPortOpt = typer.Option(None, help="Port of /healthz and /metrics (-1 disables, 0 picks one).")
 MaxTokensOpt = typer.Option(None, help="New tokens per generation (default 256).")
+JsonTokensOpt = typer.Option(None, help="New tokens per structured (JSON) answer (default 1024).")
 
 
 @app.command()
@@ -424,9 +425,13 @@ def explorer(
     every_steps: Optional[int] = typer.Option(None, help="Training steps per period (1)."),
     step_window: Optional[float] = typer.Option(None, help="Close a period this many seconds after its "
                                                 "first signal without its StepCompleted (300)."),
+    step_grace: Optional[float] = typer.Option(None, help="Keep a period open this many seconds after its "
+                                               "StepCompleted for late signals (5)."),
     runs: Optional[int] = typer.Option(None, help="R: exploration runs per cluster (3)."),
     calls_per_run: Optional[int] = typer.Option(None, help="S: most tool calls per run (8)."),
-    max_new_tokens: Optional[int] = MaxTokensOpt,
+    fallback_tasks: Optional[int] = typer.Option(None, help="Seed tasks explored randomly when a period "
+                                                 "explores no signal (0: off)."),
+    max_new_tokens: Optional[int] = MaxTokensOpt, json_max_new_tokens: Optional[int] = JsonTokensOpt,
     max_runs_per_period: Optional[int] = typer.Option(None, help="Most runs per period (0: no limit)."),
     max_tokens_per_period: Optional[int] = typer.Option(None, help="Most tokens per period (0: no limit)."),
     group_id: Optional[str] = GroupOpt, idle_exit: Optional[float] = IdleOpt,
@@ -439,11 +444,12 @@ def explorer(
 
     core = _load(ExplorerConfig, "explorer", dict(
         strategy=strategy, signal_kinds=signal_kinds, signals_per_step=signals_per_step, every_steps=every_steps,
-        step_window_s=step_window, runs=runs, calls_per_run=calls_per_run))
+        step_window_s=step_window, step_grace_s=step_grace, runs=runs, calls_per_run=calls_per_run,
+        fallback_tasks=fallback_tasks))
     backend_cfg = _load(BackendConfig, "explorer", {"model": model, "backend": backend, "base_url": base_url})
     cfg = _load(ExplorerServiceConfig, "explorer", dict(
         kafka_bootstrap=_require(bootstrap), group_id=group_id, max_new_tokens=max_new_tokens,
-        max_runs_per_period=max_runs_per_period, max_tokens_per_period=max_tokens_per_period,
+        json_max_new_tokens=json_max_new_tokens, max_runs_per_period=max_runs_per_period, max_tokens_per_period=max_tokens_per_period,
         idle_exit_seconds=idle_exit, metrics_port=metrics_port, metrics_host=metrics_host))
     print(f"explorer committed {Explorer(cfg, core, backend_cfg).serve_until_signalled()} events", flush=True)
 
@@ -456,7 +462,7 @@ def validator(
                                        "(the paper's ablation)."),
     rounds_per_group: Optional[int] = typer.Option(None, help="Exploration rounds of one group (3)."),
     group_wait: Optional[float] = typer.Option(None, help="Seconds an incomplete group waits (60)."),
-    max_new_tokens: Optional[int] = MaxTokensOpt,
+    max_new_tokens: Optional[int] = MaxTokensOpt, json_max_new_tokens: Optional[int] = JsonTokensOpt,
     group_id: Optional[str] = GroupOpt, idle_exit: Optional[float] = IdleOpt,
     metrics_port: Optional[int] = MetricsPortOpt, metrics_host: Optional[str] = MetricsHostOpt,
 ) -> None:
@@ -470,8 +476,8 @@ def validator(
     backend_cfg = _load(BackendConfig, "validator", {"model": model, "backend": backend, "base_url": base_url})
     cfg = _load(ValidatorServiceConfig, "validator", dict(
         kafka_bootstrap=_require(bootstrap), group_id=group_id, group_wait_s=group_wait,
-        max_new_tokens=max_new_tokens, idle_exit_seconds=idle_exit, metrics_port=metrics_port,
-        metrics_host=metrics_host))
+        max_new_tokens=max_new_tokens, json_max_new_tokens=json_max_new_tokens, idle_exit_seconds=idle_exit,
+        metrics_port=metrics_port, metrics_host=metrics_host))
     print(f"validator committed {Validator(cfg, core, backend_cfg).serve_until_signalled()} events", flush=True)
 
 

@@ -1,8 +1,8 @@
 """The explorer's settings that its core logic reads (budget, schedule, strategy, runs).
 
-Layered like every service's config (`services/config.py`): defaults, then `EXPLORER_FIELD`, then
-`FIELD` environment variables, then flags. Broker, model and metrics settings join when the service
-skeleton lands.
+Layered like every service's config (`services/runtime/config.py`): defaults, then `EXPLORER_FIELD`,
+then `FIELD` environment variables, then flags. Broker, model, limits and metrics are in
+`service.ExplorerServiceConfig`.
 """
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from coevolve.services.runtime.config import ConfigError, doc
 
 STRATEGIES = ("signal-guided", "random")
+FALLBACK = "random-fallback"  # the strategy recorded for a period's fallback exploration
 KINDS = ("forgetting", "boundary", "rare")
 
 
@@ -28,12 +29,16 @@ class ExplorerConfig:
                               "(the paper synthesizes every 10 steps).")
     step_window_s: float = doc(300.0, "Close a gathering period this many seconds after its first signal "
                                       "when its StepCompleted has not arrived.")
+    step_grace_s: float = doc(5.0, "Keep a period open this many seconds after its last step's StepCompleted "
+                                   "for the signals raised from that step, which arrive after it.")
     cluster_by_task: bool = doc(True, "Explore a task's forgetting and boundary signals of one period "
                                       "together, as one cluster.")
     runs: int = doc(3, "R: independent exploration runs (rounds) per cluster.")
     calls_per_run: int = doc(8, "S: most tool calls in one exploration run.")
     random_seed: int = doc(0, "Seed of the random strategy; the same seed gives the same calls.")
     parse_attempts: int = doc(3, "Model answers tried per reflection before the signal is dead-lettered.")
+    fallback_tasks: int = doc(0, "When a period closes with no signal explored, explore this many seed train "
+                                 "tasks by the random strategy, recorded as random-fallback (0: off).")
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -49,6 +54,9 @@ class ExplorerConfig:
                 raise ConfigError(f"{name}={getattr(self, name)} must be at least 1")
         if self.step_window_s <= 0:
             raise ConfigError(f"step_window_s={self.step_window_s} must be positive")
+        if self.step_grace_s < 0 or self.fallback_tasks < 0:
+            raise ConfigError(f"step_grace_s={self.step_grace_s} and fallback_tasks={self.fallback_tasks} "
+                              "must be >= 0")
 
     @property
     def kinds(self) -> frozenset[str]:

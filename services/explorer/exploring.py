@@ -17,11 +17,11 @@ from coevolve.services.agent.episodes import run_episodes
 from coevolve.services.agent.structured import StructuredOutputError, generate_json
 from coevolve.services.envs import bfcl_data
 from coevolve.services.envs.base import Task
-from coevolve.services.explorer.config import ExplorerConfig
+from coevolve.services.explorer.config import FALLBACK, ExplorerConfig
 from coevolve.services.explorer.planning import Cluster, Plan, pick_random_tasks
 from coevolve.services.explorer.random_strategy import ExplorationRun, explore_randomly
 from coevolve.services.explorer.records import exploration_record
-from coevolve.services.explorer.reflection import (CONTEXT_SCHEMA, exploration_task, parse_context,
+from coevolve.services.explorer.reflection import (context_schema, exploration_task, parse_context,
                                                    reflection_messages)
 
 
@@ -46,6 +46,8 @@ class Outcome:
     runs: int = 0
     calls: int = 0
     tokens: int = 0
+    fell_back: bool = False
+    """Whether the fallback explored (no signal was)."""
 
 
 def _spent(outcome: Outcome, budget: Budget, config: ExplorerConfig, started: float) -> bool:
@@ -56,7 +58,7 @@ def _spent(outcome: Outcome, budget: Budget, config: ExplorerConfig, started: fl
 
 def reflect(backend, cluster: Cluster, task: Task, sampling: SamplingConfig, attempts: int) -> tuple[dict | None, str]:
     """The cluster's exploration context, or None and why no answer could be used."""
-    answer = generate_json(backend, [reflection_messages(cluster, task)], CONTEXT_SCHEMA, sampling,
+    answer = generate_json(backend, [reflection_messages(cluster, task)], context_schema(task), sampling,
                            retries=attempts - 1)[0]
     if isinstance(answer, StructuredOutputError):
         return None, str(answer)
@@ -75,7 +77,7 @@ def explore_guided(backend, task: Task, context: dict, config: ExplorerConfig, s
 
 
 def _guided(plan: Plan, backend, config: ExplorerConfig, sampling: SamplingConfig, budget: Budget,
-            limits: EpisodeLimits, model: str, out: Outcome) -> None:
+            limits: EpisodeLimits, model: str, out: Outcome, json_sampling: SamplingConfig) -> None:
     started = time.monotonic()
     for cluster in plan.chosen:
         if _spent(out, budget, config, started):
@@ -86,7 +88,7 @@ def _guided(plan: Plan, backend, config: ExplorerConfig, sampling: SamplingConfi
         except KeyError as exc:
             out.rejected.append((cluster, "no_task", f"no task to explore: {exc.args[0]}"))
             continue
-        context, reason = reflect(backend, cluster, task, sampling, config.parse_attempts)
+        context, reason = reflect(backend, cluster, task, json_sampling, config.parse_attempts)
         if context is None:
             out.rejected.append((cluster, "unparseable_reflection", reason))
             continue
@@ -95,14 +97,15 @@ def _guided(plan: Plan, backend, config: ExplorerConfig, sampling: SamplingConfi
         _record(out, runs, plan, cluster, context, "signal-guided", model)
 
 
-def _random(plan: Plan, config: ExplorerConfig, budget: Budget, task_ids: list[str], out: Outcome) -> None:
+def _random(plan: Plan, config: ExplorerConfig, budget: Budget, task_ids: list[str], out: Outcome,
+            count: int, strategy: str) -> None:
     started = time.monotonic()
-    picked = pick_random_tasks(task_ids, config.signals_per_step, plan.run_id, plan.last_step, config.random_seed)
+    picked = pick_random_tasks(task_ids, count, plan.run_id, plan.last_step, config.random_seed)
     for task_id in picked:
         if _spent(out, budget, config, started):
             break
         runs = explore_randomly(bfcl_data.get_task(task_id), config.runs, config.calls_per_run, config.random_seed)
-        _record(out, runs, plan, None, None, "random", "")
+        _record(out, runs, plan, None, None, strategy, "")
 
 
 def _record(out: Outcome, runs: list[ExplorationRun], plan: Plan, cluster: Cluster | None,
@@ -116,11 +119,18 @@ def _record(out: Outcome, runs: list[ExplorationRun], plan: Plan, cluster: Clust
 
 
 def explore_plan(plan: Plan, backend, config: ExplorerConfig, sampling: SamplingConfig, budget: Budget,
-                 model: str, task_ids: list[str], limits: EpisodeLimits | None = None) -> Outcome:
-    """Explore one closed period by the configured strategy (`limits` bound each run's context)."""
+                 model: str, task_ids: list[str], limits: EpisodeLimits | None = None,
+                 json_sampling: SamplingConfig | None = None) -> Outcome:
+    """Explore one closed period by the configured strategy (`limits` bound each run's context, and
+    reflections use `json_sampling`, by default `sampling`); when that explores nothing,
+    `fallback_tasks` seed tasks by the random strategy (`random-fallback`)."""
     out = Outcome()
-    if config.strategy == "random":
-        _random(plan, config, budget, task_ids, out)
-    else:
-        _guided(plan, backend, config, sampling, budget, limits or EpisodeLimits(), model, out)
+    if config.strategy == "random" and plan.gathered:
+        _random(plan, config, budget, task_ids, out, config.signals_per_step, "random")
+    elif config.strategy != "random":
+        _guided(plan, backend, config, sampling, budget, limits or EpisodeLimits(), model, out,
+                json_sampling or sampling)
+    if config.fallback_tasks and not out.records:
+        _random(plan, config, budget, task_ids, out, config.fallback_tasks, FALLBACK)
+        out.fell_back = bool(out.records)
     return out

@@ -1,8 +1,11 @@
 """Which signals the explorer explores at each training step, and the ids of what it publishes.
 
 Budget. Signals are gathered per run and period (`every_steps` training steps; one step by default).
-A period closes when the `StepCompleted` of its last step arrives, or `step_window_s` after its first
-signal when that event never comes. At close, the signals of the selected kinds are grouped into
+A period closes `step_grace_s` after the `StepCompleted` of its last step arrives, or `step_window_s`
+after its first signal when that event never comes. The grace is needed: signals are raised from the
+step's trajectories by other processes and arrive after its `StepCompleted` (a rare signal only once
+the step's counts are complete), and one poll can hand over a step's `StepCompleted` before its
+signals. A signal for a period that already closed opens it again, due after the grace. At close, the signals of the selected kinds are grouped into
 clusters (with `cluster_by_task`, a task's forgetting and boundary signals form one cluster; a rare
 signal, which names an action pattern rather than a task, is its own cluster) and the first
 `signals_per_step` clusters are explored, in this priority:
@@ -12,9 +15,11 @@ signal, which names an action pattern rather than a task, is its own cluster) an
 
 The other clusters' signals are counted as `skipped` (a metric), and signals of kinds the config does
 not explore as `ignored`. A signal id seen before is dropped, so a redelivered signal plans nothing.
+With `fallback_tasks`, a period's last `StepCompleted` also opens the period when no signal did, so
+a step without signals still closes into a (signal-less) plan that the fallback explores.
 
 Ids. An exploration's id is a hash of its source id (the cluster's first signal, or for unguided runs
-`random_source_id`) and its round, so redelivery republishes the same ids and consumers dedupe.
+`random_source_id` of the strategy, run, step and task) and its round, so redelivery republishes the same ids and consumers dedupe.
 """
 from __future__ import annotations
 
@@ -41,9 +46,9 @@ def exploration_id(source_id: str, round_: int) -> str:
     return _hash("exploration", source_id, int(round_))
 
 
-def random_source_id(run_id: str, step: int, task_id: str) -> str:
-    """The source id of unguided exploration of a task at a step (no signal to derive it from)."""
-    return _hash("random", run_id, int(step), task_id)
+def random_source_id(run_id: str, step: int, task_id: str, strategy: str = "random") -> str:
+    """The source id of unguided exploration (`random`, or `random-fallback`) of a task at a step."""
+    return _hash(strategy, run_id, int(step), task_id)
 
 
 def pick_random_tasks(task_ids: Sequence[str], count: int, run_id: str, step: int, seed: int) -> list[str]:
@@ -135,6 +140,8 @@ class Plan:
     ignored: int
     closed_by: str
     """`step` (its StepCompleted arrived) or `window` (the time window ran out)."""
+    gathered: int = 0
+    """Signals gathered in the period (0: a step without signals, closed for the fallback)."""
 
 
 def choose(signals: Sequence[SignalRef], config: ExplorerConfig) -> tuple[tuple[Cluster, ...], int, int]:
@@ -150,6 +157,8 @@ def choose(signals: Sequence[SignalRef], config: ExplorerConfig) -> tuple[tuple[
 class _Period:
     opened_at: float
     signals: list[SignalRef] = field(default_factory=list)
+    due_at: float | None = None
+    """When its last step's StepCompleted (plus the grace) closes it; None until that event came."""
 
 
 class SignalBuffer:
@@ -159,7 +168,12 @@ class SignalBuffer:
         self.config = config
         self._open: dict[tuple[str, int], _Period] = {}
         self._seen: OrderedDict[str, None] = OrderedDict()
+        self._completed: dict[str, int] = {}  # the last completed step per run
+        self._closed: OrderedDict[tuple[str, int], None] = OrderedDict()
         self._arrivals = 0
+
+    def _last_step(self, key: tuple[str, int]) -> int:
+        return (key[1] + 1) * self.config.every_steps - 1
 
     def add(self, record: Mapping[str, Any], now: float) -> bool:
         """Gather one decoded `SignalRaised`; False when its id was seen before."""
@@ -172,27 +186,48 @@ class SignalBuffer:
         self._arrivals += 1
         ref = SignalRef.from_record(record, self._arrivals)
         key = (ref.run_id, ref.step // self.config.every_steps)
-        self._open.setdefault(key, _Period(now)).signals.append(ref)
+        period = self._open.setdefault(key, _Period(now))
+        if period.due_at is None and self._completed.get(ref.run_id, -1) >= self._last_step(key):
+            period.due_at = now + self.config.step_grace_s  # its step is complete: a late signal
+        period.signals.append(ref)
         return True
 
-    def step_completed(self, run_id: str, step: int) -> list[Plan]:
-        """Close every open period of the run whose last step is at most `step`."""
-        every = self.config.every_steps
-        keys = [k for k in self._open if k[0] == run_id and (k[1] + 1) * every - 1 <= step]
-        return [self._close(k, "step") for k in sorted(keys)]
+    def step_completed(self, run_id: str, step: int, now: float) -> list[Plan]:
+        """Make every open period of the run whose last step is at most `step` due after the grace;
+        the plans already due."""
+        self._completed[run_id] = max(step, self._completed.get(run_id, -1))
+        key = (run_id, step // self.config.every_steps)
+        ends_period = self._last_step(key) == step
+        if self.config.fallback_tasks and ends_period and key not in self._open and key not in self._closed:
+            self._open[key] = _Period(now)
+        for k, period in self._open.items():
+            if k[0] == run_id and self._last_step(k) <= step and period.due_at is None:
+                period.due_at = now + self.config.step_grace_s
+        return self.expire(now)
 
     def expire(self, now: float) -> list[Plan]:
-        """Close every period opened at least `step_window_s` ago."""
-        keys = [k for k, p in self._open.items() if now - p.opened_at >= self.config.step_window_s]
-        return [self._close(k, "window") for k in sorted(keys)]
+        """Close every period due, or opened at least `step_window_s` ago."""
+        due = [k for k, p in self._open.items() if p.due_at is not None and now >= p.due_at]
+        late = [k for k, p in self._open.items() if k not in due and now - p.opened_at >= self.config.step_window_s]
+        return sorted([self._close(k, "step") for k in due] + [self._close(k, "window") for k in late],
+                      key=lambda plan: (plan.run_id, plan.first_step))
 
     def _close(self, key: tuple[str, int], closed_by: str) -> Plan:
         period = self._open.pop(key)
+        self._closed[key] = None
+        if len(self._closed) > _REMEMBERED_IDS:
+            self._closed.popitem(last=False)
         chosen, skipped, ignored = choose(period.signals, self.config)
         every = self.config.every_steps
-        return Plan(key[0], key[1] * every, key[1] * every + every - 1, chosen, skipped, ignored, closed_by)
+        return Plan(key[0], key[1] * every, key[1] * every + every - 1, chosen, skipped, ignored, closed_by,
+                    len(period.signals))
 
     @property
     def pending(self) -> int:
         """Signals gathered in periods not yet closed."""
         return sum(len(p.signals) for p in self._open.values())
+
+    @property
+    def waiting(self) -> bool:
+        """Whether any period is open (with signals, or a step's awaiting the fallback)."""
+        return bool(self._open)

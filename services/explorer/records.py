@@ -12,7 +12,7 @@ def exploration_record(run: ExplorationRun, run_id: str, step: int, cluster: Clu
                        context: Mapping[str, Any] | None, strategy: str, model: str,
                        produced_at: int) -> dict[str, Any]:
     """One run's event; its id follows from the cluster's first signal (or the task and step) and the round."""
-    source = cluster.source_id if cluster is not None else random_source_id(run_id, step, run.task_id)
+    source = cluster.source_id if cluster is not None else random_source_id(run_id, step, run.task_id, strategy)
     return {
         "event_id": exploration_id(source, run.round),
         "run_id": run_id,

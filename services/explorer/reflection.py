@@ -3,12 +3,12 @@
 The context says what failed or was unstable (`failure`), where in the environment (`location`: the
 tool classes, the tools, and the part of the state), and what to try (`to_try`). It is recorded as JSON
 in `ExplorationRecorded.context` and steers the exploration runs. `parse_context` checks a model answer
-against `CONTEXT_SCHEMA` and against the task's tools, and returns the context or the precise reason.
+against the task's `context_schema` (whose classes and tools are the task's), and returns the context or the precise reason.
 """
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from coevolve.services.envs import bfcl_data
 from coevolve.services.envs.base import Task
@@ -20,22 +20,37 @@ CONTEXT_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
     "required": ["failure", "location", "to_try"],
     "properties": {
-        "failure": {"type": "string", "minLength": 1, "maxLength": 1000,
+        "failure": {"type": "string", "minLength": 1, "maxLength": 200,
                     "description": "What failed or was unstable, in one or two sentences."},
         "location": {
             "type": "object", "additionalProperties": False, "required": ["classes", "tools"],
             "properties": {
-                "classes": {"type": "array", "minItems": 1, "items": {"type": "string"}},
-                "tools": {"type": "array", "minItems": 1, "items": {"type": "string"}},
-                "state": {"type": "string", "maxLength": 500,
+                "classes": {"type": "array", "minItems": 1, "maxItems": 3,
+                            "items": {"type": "string", "minLength": 1, "maxLength": 32}},
+                "tools": {"type": "array", "minItems": 1, "maxItems": 4,
+                          "items": {"type": "string", "minLength": 1, "maxLength": 32}},
+                "state": {"type": "string", "maxLength": 120,
                           "description": "The part of the environment's state involved (a folder, a ticket...)."},
             },
         },
-        "to_try": {"type": "array", "minItems": 1, "maxItems": 8,
-                   "items": {"type": "string", "minLength": 1, "maxLength": 500},
+        "to_try": {"type": "array", "minItems": 1, "maxItems": 3,
+                   "items": {"type": "string", "minLength": 1, "maxLength": 160},
                    "description": "Concrete things to try in the environment, most promising first."},
     },
 }
+"""Every string and array is bounded, so grammar-constrained decoding (vLLM) ends in a complete answer
+whatever the model: a random-weight one fills each string to its bound but cannot run on inside one."""
+
+
+def context_schema(task: Task) -> dict[str, Any]:
+    """`CONTEXT_SCHEMA` with the location's classes and tools limited to the task's: under a grammar
+    (vLLM) even a weak model can only name what exists."""
+    tools = sorted(t["function"]["name"] for t in bfcl_data.tools_at(task, len(task.turns) - 1))
+    schema = json.loads(json.dumps(CONTEXT_SCHEMA))
+    location = schema["properties"]["location"]["properties"]
+    location["classes"]["items"] = {"enum": sorted(task.involved_classes)}
+    location["tools"]["items"] = {"enum": tools}
+    return schema
 
 _KIND_MEANING = {
     "forgetting": "the agent used to solve this task but its latest attempt failed (capability regression)",
@@ -95,30 +110,13 @@ def reflection_messages(cluster: Cluster, task: Task) -> list[dict[str, str]]:
     lines = _task_lines(task) + [""]
     for signal in cluster.signals:
         lines.extend(_signal_lines(signal.record))
-    return [{"role": "system", "content": SYSTEM_PROMPT + json.dumps(CONTEXT_SCHEMA)},
+    return [{"role": "system", "content": SYSTEM_PROMPT + json.dumps(context_schema(task))},
             {"role": "user", "content": "\n".join(lines)}]
 
 
-def _check_location(classes: Iterable[str], tools: set[str]):
-    allowed_classes = set(classes)
-
-    def check(value: dict[str, Any]) -> str | None:
-        location = value["location"]
-        bad_classes = [c for c in location["classes"] if c not in allowed_classes]
-        if bad_classes:
-            return (f"location.classes names {', '.join(map(repr, bad_classes))}, not a class of this task "
-                    f"({', '.join(sorted(allowed_classes))})")
-        bad_tools = [t for t in location["tools"] if t not in tools]
-        if bad_tools:
-            return f"location.tools names {', '.join(map(repr, bad_tools))}, not a tool of this task"
-        return None
-    return check
-
-
 def parse_context(text: str, task: Task) -> Parsed:
-    """The exploration context in a model answer, checked against the schema and the task's tools."""
-    tools = {t["function"]["name"] for t in bfcl_data.tools_at(task, len(task.turns) - 1)}
-    return parse_structured(text, CONTEXT_SCHEMA, _check_location(task.involved_classes, tools))
+    """The exploration context in a model answer, checked against the task's `context_schema`."""
+    return parse_structured(text, context_schema(task))
 
 
 def exploration_task(task: Task, context: Mapping[str, Any]) -> Task:

@@ -1,14 +1,16 @@
 """`coevolve explorer`: signals in, `ExplorationRecorded` out (a runtime.Service).
 
 It reads `coevolve.signals` and `coevolve.steps` in one consumer group. Signals gather in a
-`SignalBuffer`; a period closes on its last step's `StepCompleted` (or after `step_window_s`), and its
-plan is explored (`exploring.explore_plan`). The explorations are published and confirmed, a cluster
-whose reflection never parsed goes to the dead-letter topic with the reason, and only then are the
-offsets committed, and only while no signal waits in an open period: a crash re-delivers what was not
-yet explored, and the deterministic exploration ids let consumers drop what was published twice.
+`SignalBuffer`; a period closes `step_grace_s` after its last step's `StepCompleted` (or after
+`step_window_s`), and its plan is explored (`exploring.explore_plan`) while the consumer keeps its
+group (`EventConsumer.working`). The explorations are published and confirmed, a cluster whose
+reflection never parsed goes to the dead-letter topic with the reason, and only then are the offsets
+committed, and only while no period is open: a crash re-delivers what was not yet explored, and the
+deterministic exploration ids let consumers drop what was published twice.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -31,7 +33,9 @@ class ExplorerServiceConfig:
     kafka_bootstrap: str = doc("127.0.0.1:9092", "Kafka bootstrap address HOST:PORT.")
     group_id: str = doc("coevolve-explorer", "Consumer group; its committed offsets are the explorer's progress.")
     temperature: float = doc(0.7, "Sampling temperature of reflections and exploration runs.")
-    max_new_tokens: int = doc(256, "New tokens per generation.")
+    max_new_tokens: int = doc(256, "New tokens per generation in exploration runs.")
+    json_max_new_tokens: int = doc(1024, "New tokens per reflection (a JSON answer); the schema's bounds keep "
+                                         "a complete answer within it.")
     max_runs_per_period: int = doc(0, "Most exploration runs per period (0: no limit); the rest is skipped.")
     max_tokens_per_period: int = doc(0, "Most tokens (prompt and completion) per period (0: no limit).")
     max_seconds_per_period: float = doc(0.0, "Most wall time per period's exploration (0: no limit).")
@@ -40,8 +44,8 @@ class ExplorerServiceConfig:
     metrics_host: str = doc("127.0.0.1", "Address /healthz and /metrics listen on (0.0.0.0 in a pod).")
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens < 1 or self.temperature < 0:
-            raise ConfigError("max_new_tokens must be >= 1 and temperature >= 0")
+        if min(self.max_new_tokens, self.json_max_new_tokens) < 1 or self.temperature < 0:
+            raise ConfigError("max_new_tokens and json_max_new_tokens must be >= 1, temperature >= 0")
         if min(self.max_runs_per_period, self.max_tokens_per_period, self.max_seconds_per_period) < 0:
             raise ConfigError("period limits must be >= 0 (0: no limit)")
 
@@ -57,6 +61,7 @@ class Explorer(Service):
         self.buffer = SignalBuffer(core)
         self.sampling = SamplingConfig(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                                        seed=backend_cfg.seed)
+        self.json_sampling = dataclasses.replace(self.sampling, max_new_tokens=cfg.json_max_new_tokens)
         self.budget = Budget(cfg.max_runs_per_period, cfg.max_tokens_per_period, cfg.max_seconds_per_period)
         self.delivered: dict = {}
         self.backend = self.consumer = self.producer = None
@@ -78,6 +83,8 @@ class Explorer(Service):
         self.m_calls = counter("calls", "Tool calls made in exploration runs.")
         self.m_tokens = counter("tokens", "Tokens (prompt and completion) of exploration episodes.")
         self.m_plans = counter("periods", "Periods closed and explored, by what closed them.", ["closed_by"])
+        self.m_fallbacks = counter("fallbacks", "Periods that explored fallback_tasks seed tasks because no "
+                                   "signal was explored.")
 
     def details(self) -> dict:
         return {"pending_signals": self.buffer.pending, "strategy": self.core.strategy}
@@ -108,19 +115,23 @@ class Explorer(Service):
                     self.m_signals.inc()
                     self.delivered[str(item.event["event_id"])] = item
             elif item.name == "StepCompleted":
-                plans += self.buffer.step_completed(str(item.event["run_id"]), int(item.event["step"]))
+                plans += self.buffer.step_completed(str(item.event["run_id"]), int(item.event["step"]),
+                                                    time.monotonic())
         plans += self.buffer.expire(time.monotonic())
         if items or plans or not self.consumer.assigned():
             self.last_event = self.last_beat
-        outcomes = [self._explore(plan) for plan in plans]
+        outcomes: list[Outcome] = []
+        if plans:
+            with self.consumer.working():  # model work outlasts the poll interval; keep the group
+                outcomes = [self._explore(plan) for plan in plans]
         self.uncommitted += len(items)
-        if self.buffer.pending:  # a commit now would lose the waiting signals on a crash
+        if self.buffer.waiting:  # a commit now would lose the waiting signals (or step) on a crash
             self._publish(outcomes)
         elif self.uncommitted or outcomes:
             self.settle(lambda: self._publish(outcomes), self._commit, self.uncommitted)
             self.uncommitted = 0
         idle = time.monotonic() - self.last_event
-        if self.cfg.idle_exit_seconds and not self.buffer.pending and idle >= self.cfg.idle_exit_seconds:
+        if self.cfg.idle_exit_seconds and not self.buffer.waiting and idle >= self.cfg.idle_exit_seconds:
             self.stop()
 
     def _explore(self, plan: Plan) -> Outcome:
@@ -128,14 +139,17 @@ class Explorer(Service):
         self.m_skipped.labels("priority").inc(plan.skipped)
         self.m_skipped.labels("kind").inc(plan.ignored)
         model = self.backend_cfg.model if self.backend is not None else ""
-        out = explore_plan(plan, self.backend, self.core, self.sampling, self.budget, model, self.task_ids)
+        out = explore_plan(plan, self.backend, self.core, self.sampling, self.budget, model, self.task_ids,
+                           json_sampling=self.json_sampling)
         self.m_skipped.labels("budget").inc(out.over_budget)
         self.m_runs.inc(out.runs)
         self.m_calls.inc(out.calls)
         self.m_tokens.inc(out.tokens)
+        self.m_fallbacks.inc(out.fell_back)
         self.log.info("explorer.period", run_id=plan.run_id, steps=[plan.first_step, plan.last_step],
                       closed_by=plan.closed_by, clusters=len(plan.chosen), skipped=plan.skipped,
-                      explorations=len(out.records), dead_lettered=len(out.rejected), tokens=out.tokens)
+                      explorations=len(out.records), dead_lettered=len(out.rejected), tokens=out.tokens,
+                      fell_back=out.fell_back)
         return out
 
     def _publish(self, outcomes: list[Outcome]) -> None:

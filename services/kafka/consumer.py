@@ -1,14 +1,17 @@
 """Consume and decode Avro events; what cannot be decoded becomes a dead-letter event, never a crash."""
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from kafka import KafkaConsumer, TopicPartition
 
 from coevolve.schemas import DecodeError, SchemaRegistry, default_registry
+from coevolve.services.kafka.offsets import true_end_offsets
 from coevolve.services.kafka.producer import EventProducer
 from coevolve.services.kafka.settings import FETCH_MAX_WAIT_MS, GROUP_TIMEOUTS_MS
 from coevolve.services.kafka.topics import DEADLETTER
@@ -45,16 +48,22 @@ class EventConsumer:
     With `group_id` it joins a consumer group (offsets committed by `commit()`); without, it reads
     every partition from the beginning (replay, tests). A new client's first metadata can still list
     no partitions, so the assignment waits up to `metadata_timeout_s` for every topic's partitions.
+
+    A group member that does not poll for `max_poll_interval_ms` is put out of the group, and its next
+    commit fails. Work longer than that (a model's) runs inside `working()`, which keeps polling.
     """
 
     def __init__(self, bootstrap: str, topics: list[str], group_id: str | None = None,
                  service: str = "consumer", registry: SchemaRegistry | None = None,
                  deadletters: EventProducer | None = None, from_beginning: bool = True,
-                 metadata_timeout_s: float = 10.0):
+                 metadata_timeout_s: float = 10.0, group_timeouts_ms: dict[str, int] | None = None):
         self.registry = registry or default_registry()
         self.service = service
         self.deadletters = deadletters
         self.dead_lettered = 0
+        self._held: list = []  # records a keep-alive poll returned, delivered by the next poll()
+        self._group = group_id is not None
+        self._bootstrap = bootstrap
         common = dict(bootstrap_servers=bootstrap, enable_auto_commit=False,
                       auto_offset_reset="earliest" if from_beginning else "latest",
                       client_id=f"coevolve-{service}", max_poll_records=5000,
@@ -66,7 +75,8 @@ class EventConsumer:
             if from_beginning and parts:
                 self._consumer.seek_to_beginning(*parts)
         else:
-            self._consumer = KafkaConsumer(*topics, group_id=group_id, **common, **GROUP_TIMEOUTS_MS)
+            timeouts = {**GROUP_TIMEOUTS_MS, **(group_timeouts_ms or {})}
+            self._consumer = KafkaConsumer(*topics, group_id=group_id, **common, **timeouts)
 
     def _partitions(self, topics: list[str], timeout_s: float) -> list[TopicPartition]:
         """Every partition of `topics`, waiting for metadata that lists them; what is known at the deadline."""
@@ -79,9 +89,10 @@ class EventConsumer:
 
     def poll(self, timeout_s: float = 1.0) -> list[Delivered]:
         """Return the next batch of decoded events; dead-letter the rest."""
-        batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000))
+        held, self._held = self._held, []
+        batches = self._consumer.poll(timeout_ms=0 if held else int(timeout_s * 1000))
         out: list[Delivered] = []
-        for tp, messages in batches.items():
+        for messages in [*held, *batches.values()]:
             for msg in messages:
                 try:
                     name, event = self.registry.decode(msg.value, msg.topic, msg.partition, msg.offset)
@@ -105,6 +116,40 @@ class EventConsumer:
         payload = self.registry.encode(item.name, item.event)
         self._dead_letter(item.topic, item.partition, item.offset, item.key, payload, error_type, reason)
 
+    @contextmanager
+    def working(self, every_s: float = 1.0) -> Iterator[None]:
+        """Keep the group membership through long work in the caller's thread.
+
+        Raising `max_poll_interval_ms` to a model's pace would not do: the broker also holds every
+        join for that long (it is the rebalance timeout), and Tansu holds it whole. So the assignment
+        is paused and a thread polls every `every_s` seconds meanwhile; records that a rebalance lets
+        through are held for the next `poll()`, in order. The caller must not use the consumer inside.
+        """
+        if not self._group:
+            yield
+            return
+        done = threading.Event()
+        keeper = threading.Thread(target=self._keep_alive, args=(done, every_s), daemon=True,
+                                  name=f"{self.service}-keep-alive")
+        self._consumer.pause(*self._consumer.assignment())
+        keeper.start()
+        try:
+            yield
+        finally:
+            done.set()
+            keeper.join()
+            self._consumer.resume(*self._consumer.paused())
+
+    def _keep_alive(self, done: threading.Event, every_s: float) -> None:
+        while not done.wait(every_s):
+            try:
+                batches = self._consumer.poll(timeout_ms=0)
+                self._consumer.pause(*self._consumer.assignment())  # partitions a rebalance just gave
+            except Exception as exc:  # a broker hiccup must not end the work; the next poll reports it
+                log.warning("consumer.keep_alive_failed", error=repr(exc))
+                continue
+            self._held += batches.values()
+
     def assigned(self) -> bool:
         """Whether this consumer holds any partition (a group member may hold none)."""
         return bool(self._consumer.assignment())
@@ -122,6 +167,23 @@ class EventConsumer:
             if batch:
                 out += batch
                 last = time.monotonic()
+        return out
+
+    def read_to_end(self, timeout_s: float = 30.0) -> list[Delivered]:
+        """Every event up to the partitions' ends as of now (a consumer without a group, e.g. a service
+        loading a compacted catalog at start); what was read by `timeout_s`, with a warning, if short."""
+        parts = sorted(self._consumer.assignment())
+        reported = self._consumer.end_offsets(parts)
+        ends = true_end_offsets(self._bootstrap, {(tp.topic, tp.partition): reported[tp] for tp in parts})
+        out: list[Delivered] = []
+        deadline = time.monotonic() + timeout_s
+        behind = [tp for tp in parts if ends[(tp.topic, tp.partition)]]
+        while behind and time.monotonic() < deadline:
+            out += self.poll(0.2)
+            behind = [tp for tp in behind if self._consumer.position(tp) < ends[(tp.topic, tp.partition)]]
+        if behind:
+            log.warning("consumer.read_to_end_short", service=self.service, timeout_s=timeout_s,
+                        partitions=[f"{tp.topic}:{tp.partition}" for tp in behind])
         return out
 
     def commit(self) -> None:

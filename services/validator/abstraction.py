@@ -2,13 +2,13 @@
 
 A group is the exploration runs of one signal cluster on one task (`ExplorationRecorded` events). The
 prompt shows the seed task, the exploration contexts and the explored calls that succeeded; the model
-answers with user turns, the involved classes, optionally a change to the seed's initial state, and
-per turn the reference calls taken from those explored calls. `parse_proposal` checks the answer;
+answers with the involved classes, the user turns (each with its reference calls, taken from those
+explored calls), and optionally a change to the seed's initial state. `parse_proposal` checks the answer;
 `build_task` makes it a `Task` that runs exactly like a seed task.
 
-`initial_state` is a JSON merge patch (RFC 7386) over the seed task's state: absent or null keeps the
-seed's state, an object changes only the keys it names (null deletes one). Only the involved classes'
-states are kept.
+`initial_state` is a JSON merge patch (RFC 7386) over the seed task's state, as JSON text: absent or
+empty keeps the seed's state, an object changes only the keys it names (null deletes one). Only the
+involved classes' states are kept.
 """
 from __future__ import annotations
 
@@ -28,23 +28,39 @@ _OBSERVATION_CHARS = 200
 _MAX_CALLS_SHOWN = 60
 
 
+INSTRUCTION_CHARS = 240
+CALL_CHARS = 120
+CALLS_PER_TURN = 4
+PATCH_CHARS = 1000
+
+
 def task_schema(max_turns: int = 6) -> dict[str, Any]:
-    """The JSON schema of a proposed task, with at most `max_turns` user turns."""
-    turns = {"type": "array", "minItems": 1, "maxItems": max_turns}
+    """The JSON schema of a proposed task, with at most `max_turns` user turns.
+
+    Every string and array is bounded and each turn carries its own calls, so grammar-constrained
+    decoding (vLLM) ends in a complete answer whatever the model: a random-weight one fills each string
+    to its bound but cannot run on to the token limit inside one, nor give turns and references of
+    different counts. The state patch is JSON text for the same reason: a free JSON object has no bound.
+    """
     return {
         "type": "object",
         "additionalProperties": False,
-        "required": ["turns", "involved_classes", "reference"],
+        "required": ["involved_classes", "turns"],
         "properties": {
-            "turns": {**turns, "items": {"type": "string", "minLength": 1, "maxLength": 2000},
-                      "description": "The user's message at each turn."},
-            "involved_classes": {"type": "array", "minItems": 1, "uniqueItems": True,
+            "involved_classes": {"type": "array", "minItems": 1, "maxItems": 4,
                                  "items": {"enum": sorted(bfcl_data.DOC_FILES)}},
-            "initial_state": {"type": ["object", "null"],
-                              "description": "Merge patch over the seed task's initial state; null keeps it."},
-            "reference": {**turns, "items": {"type": "array", "minItems": 1,
-                                             "items": {"type": "string", "minLength": 1}},
-                          "description": "Per turn, the calls that solve it, in BFCL call syntax."},
+            "turns": {"type": "array", "minItems": 1, "maxItems": max_turns, "items": {
+                "type": "object", "additionalProperties": False, "required": ["instruction", "reference"],
+                "properties": {
+                    "instruction": {"type": "string", "minLength": 1, "maxLength": INSTRUCTION_CHARS,
+                                    "description": "The user's message at this turn."},
+                    "reference": {"type": "array", "minItems": 1, "maxItems": CALLS_PER_TURN,
+                                  "items": {"type": "string", "minLength": 1, "maxLength": CALL_CHARS},
+                                  "description": "The calls that solve this turn, in BFCL call syntax."},
+                }}},
+            "initial_state": {"type": "string", "maxLength": PATCH_CHARS,
+                              "description": "Optional: a JSON merge patch over the seed task's initial "
+                                             "state, as JSON text; empty or absent keeps the seed's state."},
         },
     }
 
@@ -83,22 +99,15 @@ def abstraction_messages(explorations: Sequence[Mapping[str, Any]], seed: Task,
     lines.extend(f"  {call} -> {clip(obs, _OBSERVATION_CHARS)}" for call, obs in calls)
     system = ("You write new training tasks for a tool-using agent from what exploration found. Write a "
               "task a user would ask, different from the seed task, that the explored calls solve. Each "
-              "turn's reference is a list of calls in BFCL call syntax, taken from the explored calls "
-              "that succeeded. Answer with one JSON object that fits this JSON schema, and nothing "
-              "else:\n" + json.dumps(task_schema(max_turns)))
+              "turn has the user's instruction and its reference: a list of calls in BFCL call syntax, "
+              "taken from the explored calls that succeeded. Answer with one JSON object that fits this "
+              "JSON schema, and nothing else:\n" + json.dumps(task_schema(max_turns)))
     return [{"role": "system", "content": system}, {"role": "user", "content": "\n".join(lines)}]
-
-
-def _check_turns(value: dict[str, Any]) -> str | None:
-    if len(value["reference"]) != len(value["turns"]):
-        return (f"'reference' has {len(value['reference'])} turn(s) but 'turns' has {len(value['turns'])}; "
-                "give one list of calls per user turn")
-    return None
 
 
 def parse_proposal(text: str, max_turns: int = 6) -> Parsed:
     """The proposed task in a model answer, or the precise reason there is none."""
-    return parse_structured(text, task_schema(max_turns), _check_turns)
+    return parse_structured(text, task_schema(max_turns))
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -120,10 +129,30 @@ def synthesized_task_id(exploration_ids: Iterable[str]) -> str:
     return f"synthesized_{digest}"
 
 
-def build_task(proposal: Mapping[str, Any], seed: Task, task_id: str) -> Task:
-    """The proposal as a runnable task; its state is the seed's, patched, for the involved classes only."""
-    state = merge_patch(dict(seed.initial_state), proposal.get("initial_state") or {})
-    classes = tuple(proposal["involved_classes"])
-    return Task(task_id=task_id, turns=tuple(proposal["turns"]),
+def state_patch(proposal: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+    """The proposal's state patch as an object ({} keeps the seed's state), or {} and why it is unusable."""
+    text = (proposal.get("initial_state") or "").strip()
+    if not text:
+        return {}, ""
+    try:
+        patch = json.loads(text)
+    except ValueError as exc:
+        return {}, f"initial_state is not JSON text: {exc}"
+    if patch is not None and not isinstance(patch, dict):
+        return {}, f"initial_state must be a JSON object (a merge patch), not a JSON {type(patch).__name__}"
+    return patch or {}, ""
+
+
+def build_task(proposal: Mapping[str, Any], seed: Task, task_id: str) -> tuple[Task, str]:
+    """The proposal as a runnable task, and why its state patch was unusable ("" when it was used).
+
+    The state is the seed's, patched, for the involved classes only; an unusable patch leaves the
+    seed's state and the reason, for the well-formed stage to reject the task with."""
+    patch, problem = state_patch(proposal)
+    state = merge_patch(dict(seed.initial_state), patch)
+    classes = tuple(dict.fromkeys(proposal["involved_classes"]))
+    turns = proposal["turns"]
+    task = Task(task_id=task_id, turns=tuple(t["instruction"] for t in turns),
                 initial_state={c: state[c] for c in classes if c in state}, involved_classes=classes,
-                reference=tuple(tuple(turn) for turn in proposal["reference"]), env=seed.env)
+                reference=tuple(tuple(t["reference"]) for t in turns), env=seed.env)
+    return task, problem

@@ -6,7 +6,6 @@ greedy episode of the built task with `run_episodes`, its calls per turn scored 
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -16,10 +15,11 @@ from coevolve.services.agent.episodes import run_episodes
 from coevolve.services.agent.structured import StructuredOutputError, generate_json
 from coevolve.services.envs import bfcl_data
 from coevolve.services.envs.base import Task
-from coevolve.services.validator.abstraction import (abstraction_messages, build_task, parse_proposal,
-                                                     synthesized_task_id, task_schema)
+from coevolve.services.validator.abstraction import (abstraction_messages, build_task, synthesized_task_id,
+                                                     task_schema)
 from coevolve.services.validator.config import ValidatorConfig
 from coevolve.services.validator.novelty import NoveltyIndex
+from coevolve.services.validator.stages import StageOutcome
 from coevolve.services.validator.verdict import Verdict, attempt_calls, validate, verdict_record
 
 
@@ -49,13 +49,15 @@ def propose(backend, group: Sequence[Mapping[str, Any]], seed: Task, config: Val
                            retries=config.parse_attempts - 1)[0]
     if isinstance(answer, StructuredOutputError):
         return None, str(answer)
-    parsed = parse_proposal(json.dumps(answer), config.max_turns)  # the turn and reference counts agree
-    return (parsed.value, "") if parsed.ok else (None, f"unusable proposal: {parsed.reason}")
+    return answer, ""
 
 
 def check_group(group: Sequence[Mapping[str, Any]], backend, index: NoveltyIndex, config: ValidatorConfig,
-                sampling: SamplingConfig, limits: EpisodeLimits) -> Checked:
-    """Abstract, build and validate one group's proposed task."""
+                sampling: SamplingConfig, limits: EpisodeLimits,
+                attempt_sampling: SamplingConfig | None = None) -> Checked:
+    """Abstract (with `sampling`), build and validate one group's proposed task; the dual pass's
+    attempt is greedy (`attempt_sampling`, by default greedy with `sampling`'s token limit)."""
+    attempt_sampling = attempt_sampling or SamplingConfig(temperature=0.0, max_new_tokens=sampling.max_new_tokens)
     first = group[0]
     try:
         seed = bfcl_data.get_task(str(first["task_id"]))
@@ -65,9 +67,11 @@ def check_group(group: Sequence[Mapping[str, Any]], backend, index: NoveltyIndex
     if proposal is None:
         return Checked(None, None, "unparseable_proposal", reason)
     ids = [str(e["event_id"]) for e in group]
-    task = build_task(proposal, seed, synthesized_task_id(ids))
-    greedy = SamplingConfig(temperature=0.0, max_new_tokens=sampling.max_new_tokens)
-    verdict = validate(task, index, agent_attempt(backend, greedy, limits), config)
+    task, problem = build_task(proposal, seed, synthesized_task_id(ids))
+    if problem:
+        verdict = Verdict(task, False, (StageOutcome("well_formed", False, problem),))
+    else:
+        verdict = validate(task, index, agent_attempt(backend, attempt_sampling, limits), config)
     signal_ids = sorted({s for e in group for s in (e.get("signal_ids") or [])})
     record = verdict_record(verdict, str(first["run_id"]), int(first["step"]), seed.task_id, signal_ids, ids,
                             int(time.time() * 1000))

@@ -4,7 +4,9 @@ Explorations gather in `ExplorationGroups` (the rounds of one source on one task
 or one that waited `group_wait_s`, is abstracted by the model into a proposed task, which goes through
 the validation stages (`proposing.check_group`). Every verdict is published to `coevolve.tasks`, keyed
 by the task id; a group whose abstraction never parsed goes to the dead-letter topic with the reason.
-Offsets are committed after publishing, and only while no exploration waits in an open group.
+Offsets are committed after publishing, and only while no exploration waits in an open group. At
+start the tasks already validated on `coevolve.tasks` join the novelty index, so a restart keeps
+rejecting their duplicates.
 """
 from __future__ import annotations
 
@@ -33,15 +35,18 @@ class ValidatorServiceConfig:
     group_id: str = doc("coevolve-validator", "Consumer group; its committed offsets are the validator's progress.")
     group_wait_s: float = doc(60.0, "Abstract an incomplete exploration group after it waited this long.")
     temperature: float = doc(0.7, "Sampling temperature of abstractions (the dual-pass attempt is greedy).")
-    max_new_tokens: int = doc(256, "New tokens per generation.")
+    max_new_tokens: int = doc(256, "New tokens per generation of the dual-pass attempt.")
+    json_max_new_tokens: int = doc(1024, "New tokens per abstraction (a JSON answer); the schema's bounds keep "
+                                         "a complete answer within it.")
     attempt_calls_per_turn: int = doc(10, "Most tool calls per user turn in the dual-pass attempt.")
     idle_exit_seconds: float = doc(0.0, "Stop after this long with nothing to read or check; 0 runs until signalled.")
     metrics_port: int = doc(-1, "Port of /healthz and /metrics; 0 picks one, -1 disables.")
     metrics_host: str = doc("127.0.0.1", "Address /healthz and /metrics listen on (0.0.0.0 in a pod).")
 
     def __post_init__(self) -> None:
-        if self.group_wait_s <= 0 or self.max_new_tokens < 1 or self.attempt_calls_per_turn < 1:
-            raise ConfigError("group_wait_s must be > 0, max_new_tokens and attempt_calls_per_turn >= 1")
+        if self.group_wait_s <= 0 or min(self.max_new_tokens, self.json_max_new_tokens, self.attempt_calls_per_turn) < 1:
+            raise ConfigError("group_wait_s must be > 0, max_new_tokens, json_max_new_tokens and "
+                              "attempt_calls_per_turn >= 1")
 
 
 class Validator(Service):
@@ -53,14 +58,14 @@ class Validator(Service):
         super().__init__(cfg)
         self.core, self.backend_cfg = core, backend_cfg
         self.groups = ExplorationGroups(core.rounds_per_group)
-        self.sampling = SamplingConfig(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
+        self.sampling = SamplingConfig(temperature=cfg.temperature, max_new_tokens=cfg.json_max_new_tokens,
                                        seed=backend_cfg.seed)
+        self.attempt_sampling = SamplingConfig(temperature=0.0, max_new_tokens=cfg.max_new_tokens)
         self.limits = EpisodeLimits(max_calls_per_turn=cfg.attempt_calls_per_turn)
         self.index: NoveltyIndex | None = None
         self.delivered: dict = {}
         self.backend = self.consumer = self.producer = None
         self.uncommitted = 0
-        self.ready: list = []
         self.last_event = time.monotonic()
         self.checked = self.validated = 0
         reg = self.registry
@@ -85,19 +90,43 @@ class Validator(Service):
 
         cfg = self.cfg
         self.index = NoveltyIndex(load_tasks(split="all"), self.core.similarity_threshold)
+        known = self._load_catalog()
         self.backend = make_backend(self.backend_cfg)
         self.producer = EventProducer(cfg.kafka_bootstrap, client_id="coevolve-validator")
         self.consumer = EventConsumer(cfg.kafka_bootstrap, [EXPLORATIONS.name], group_id=cfg.group_id,
                                       service="validator", deadletters=self.producer)
         self.log.info("validator.started", bootstrap=cfg.kafka_bootstrap, validation=self.core.validation,
-                      model=self.backend_cfg.model, backend=self.backend_cfg.backend, seeds=len(self.index))
+                      model=self.backend_cfg.model, backend=self.backend_cfg.backend,
+                      seeds=len(self.index) - known, validated_before=known)
         self.last_event = time.monotonic()
+
+    def _load_catalog(self) -> int:
+        """Add the tasks validated before this start (the compacted coevolve.tasks, read from the
+        beginning without a group) to the novelty index; their count."""
+        from coevolve.services.envs.base import Task
+
+        reader = EventConsumer(self.cfg.kafka_bootstrap, [TASKS.name], service="validator-catalog")
+        try:
+            latest = {str(i.event["task_id"]): i.event for i in reader.read_to_end() if i.name == "TaskChecked"}
+        finally:
+            reader.close()
+        known = 0
+        for record in latest.values():  # the last verdict per task, as compaction keeps it
+            if record["verdict"] != "validated":
+                continue
+            try:
+                self.index.add(Task.from_record(record))
+            except (ValueError, KeyError, TypeError) as exc:
+                self.log.warning("validator.catalog_task_skipped", task_id=record["task_id"], error=str(exc))
+                continue
+            known += 1
+        return known
 
     def step(self) -> None:
         """Poll once, group, check the groups that are ready, publish, commit when no group waits."""
         items = self.consumer.poll(0.5)
         self.beat()
-        ready = self.ready
+        ready: list = []
         for item in items:
             self.delivered[str(item.event["event_id"])] = item
             group = self.groups.add(item.event, time.monotonic())
@@ -107,18 +136,19 @@ class Validator(Service):
         ready += self.groups.expire(time.monotonic(), self.cfg.group_wait_s)
         if items or ready or not self.consumer.assigned():
             self.last_event = self.last_beat
-        # one group per step, so the consumer polls (and stays in its group) between model calls
-        done, self.ready = ready[:1], ready[1:]
-        results = [check_group(g, self.backend, self.index, self.core, self.sampling, self.limits) for g in done]
+        results: list[Checked] = []
+        if ready:
+            with self.consumer.working():  # model work outlasts the poll interval; keep the group
+                results = [check_group(g, self.backend, self.index, self.core, self.sampling, self.limits,
+                                       self.attempt_sampling) for g in ready]
         self.uncommitted += len(items)
-        if self.groups.pending or self.ready:
-            self._publish(done, results)
+        if self.groups.pending:
+            self._publish(ready, results)
         elif self.uncommitted or results:
-            self.settle(lambda: self._publish(done, results), self._commit, self.uncommitted)
+            self.settle(lambda: self._publish(ready, results), self._commit, self.uncommitted)
             self.uncommitted = 0
         idle = time.monotonic() - self.last_event
-        waiting = self.groups.pending or self.ready
-        if self.cfg.idle_exit_seconds and not waiting and idle >= self.cfg.idle_exit_seconds:
+        if self.cfg.idle_exit_seconds and not self.groups.pending and idle >= self.cfg.idle_exit_seconds:
             self.stop()
 
     def _publish(self, groups: list, results: list[Checked]) -> None:

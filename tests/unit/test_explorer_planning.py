@@ -46,11 +46,11 @@ def test_the_budget_explores_the_first_clusters_and_counts_the_rest_as_skipped()
 
 
 def test_a_period_closes_on_the_step_completed_of_its_last_step():
-    buffer = SignalBuffer(ExplorerConfig(every_steps=10, signals_per_step=1))
+    buffer = SignalBuffer(ExplorerConfig(every_steps=10, signals_per_step=1, step_grace_s=0))
     for i, step in enumerate((0, 5, 9, 10)):
         assert buffer.add(signal(f"s{i}", "boundary", step, f"t{i}"), now=0.0)
-    assert buffer.step_completed("r1", 8) == [] and buffer.step_completed("other-run", 9) == []
-    (plan,) = buffer.step_completed("r1", 9)
+    assert buffer.step_completed("r1", 8, 0.0) == [] and buffer.step_completed("other-run", 9, 0.0) == []
+    (plan,) = buffer.step_completed("r1", 9, 0.0)
     assert (plan.first_step, plan.last_step, plan.closed_by) == (0, 9, "step")
     assert [c.source_id for c in plan.chosen] == ["s2"] and plan.skipped == 2
     assert buffer.pending == 1
@@ -65,10 +65,41 @@ def test_a_period_without_its_step_completed_closes_when_the_window_runs_out():
     assert (plan.first_step, plan.closed_by, [c.source_id for c in plan.chosen]) == (1, "window", ["a"])
 
 
+def test_signals_that_arrive_after_their_steps_step_completed_join_the_period_within_the_grace():
+    buffer = SignalBuffer(ExplorerConfig(step_grace_s=5))
+    assert buffer.step_completed("r1", 3, 10.0) == []  # one poll handed the StepCompleted over first
+    buffer.add(signal("a", "boundary", 3, "t1"), 10.0)
+    buffer.add(signal("b", "rare", 3), 12.0)  # a rare signal is raised once the step's counts are in
+    assert buffer.expire(14.9) == [] and buffer.waiting
+    (plan,) = buffer.expire(15.0)
+    assert plan.closed_by == "step" and plan.gathered == 2 and not buffer.waiting
+    assert [c.source_id for c in plan.chosen] == ["a", "b"]
+
+
+def test_a_signal_for_a_period_already_closed_opens_it_again_due_after_the_grace():
+    buffer = SignalBuffer(ExplorerConfig(step_grace_s=5))
+    buffer.add(signal("a", "boundary", 3, "t1"), 0.0)
+    (first,) = buffer.step_completed("r1", 3, 0.0) + buffer.expire(5.0)
+    buffer.add(signal("late", "boundary", 3, "t2"), 20.0)
+    assert buffer.expire(24.0) == []
+    (second,) = buffer.expire(25.0)
+    assert [c.source_id for c in first.chosen] == ["a"] and [c.source_id for c in second.chosen] == ["late"]
+
+
+def test_with_a_fallback_a_step_without_signals_closes_into_an_empty_plan_once():
+    quiet = SignalBuffer(ExplorerConfig(step_grace_s=0))
+    assert quiet.step_completed("r1", 3, 0.0) == [] and not quiet.waiting  # no fallback: nothing to do
+    buffer = SignalBuffer(ExplorerConfig(step_grace_s=0, fallback_tasks=2, every_steps=2))
+    assert buffer.step_completed("r1", 2, 0.0) == []  # step 2 does not end its period (2-3)
+    (plan,) = buffer.step_completed("r1", 3, 0.0)
+    assert (plan.first_step, plan.last_step, plan.gathered, plan.chosen) == (2, 3, 0, ())
+    assert buffer.step_completed("r1", 3, 1.0) == []  # a redelivered StepCompleted plans nothing again
+
+
 def test_a_redelivered_signal_is_dropped():
-    buffer = SignalBuffer(ExplorerConfig())
+    buffer = SignalBuffer(ExplorerConfig(step_grace_s=0))
     assert buffer.add(signal("a", "boundary"), 0.0) and not buffer.add(signal("a", "boundary"), 1.0)
-    (plan,) = buffer.step_completed("r1", 3)
+    (plan,) = buffer.step_completed("r1", 3, 1.0)
     assert not buffer.add(signal("a", "boundary"), 2.0) and buffer.pending == 0
     assert len(plan.chosen) == 1
 

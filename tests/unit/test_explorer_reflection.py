@@ -6,7 +6,7 @@ import pytest
 
 from coevolve.services.envs import bfcl_data
 from coevolve.services.explorer.planning import Cluster, SignalRef
-from coevolve.services.explorer.reflection import (CONTEXT_SCHEMA, exploration_task, parse_context,
+from coevolve.services.explorer.reflection import (CONTEXT_SCHEMA, context_schema, exploration_task, parse_context,
                                                    reflection_messages)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "reflection"
@@ -32,7 +32,10 @@ def boundary_signal(event_id="s1", step=4, task_id="multi_turn_base_0") -> dict:
 def test_the_prompt_carries_the_schema_the_task_and_the_evidence():
     cluster = Cluster((SignalRef.from_record(boundary_signal()),))
     system, user = reflection_messages(cluster, TASK)
-    assert json.dumps(CONTEXT_SCHEMA) in system["content"]
+    assert json.dumps(context_schema(TASK)) in system["content"]
+    tools = context_schema(TASK)["properties"]["location"]["properties"]["tools"]
+    assert "mkdir" in tools["items"]["enum"] and tools["maxItems"] == CONTEXT_SCHEMA["properties"]["location"][
+        "properties"]["tools"]["maxItems"]
     text = user["content"]
     assert "Signal boundary" in text and "Rollout scores: 0.75, 0.00." in text
     assert TASK.turns[0] in text and "GorillaFileSystem" in text and "mkdir" in text
@@ -53,7 +56,7 @@ def test_recorded_answers_that_hold_a_valid_context_parse(name, tools):
     ("missing_fields", "the JSON does not fit the schema: at $: 'to_try' is a required property; "
                        "at $.location: 'tools' is a required property"),
     ("not_json", "no JSON object found in the answer (it begins: 'The agent should first create the"),
-    ("unknown_tool", "location.tools names 'rename_file', not a tool of this task"),
+    ("unknown_tool", "the JSON does not fit the schema: at $.location.tools[0]: 'rename_file' is not one of"),
     ("array", "expected a JSON object, got a JSON list"),
 ])
 def test_recorded_malformed_answers_are_refused_with_a_precise_reason(name, reason):
@@ -64,7 +67,8 @@ def test_recorded_malformed_answers_are_refused_with_a_precise_reason(name, reas
 
 def test_a_class_the_task_does_not_involve_is_refused():
     answer = _fixture("valid").replace('"classes": ["GorillaFileSystem"]', '"classes": ["TravelAPI"]')
-    assert parse_context(answer, TASK).reason.startswith("location.classes names 'TravelAPI'")
+    assert parse_context(answer, TASK).reason.startswith("the JSON does not fit the schema: at "
+                                                         "$.location.classes[0]: 'TravelAPI' is not one of")
 
 
 def test_the_exploration_task_asks_for_exploration_under_the_context_from_the_same_state():

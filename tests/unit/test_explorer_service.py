@@ -1,10 +1,12 @@
 """The explorer's per-period work (`exploring.explore_plan`) with a scripted model on the real BFCL env."""
+import dataclasses
 import json
 
 from coevolve.services.agent.config import EpisodeLimits, SamplingConfig
 from coevolve.services.explorer.config import ExplorerConfig
 from coevolve.services.explorer.exploring import Budget, explore_plan
-from coevolve.services.explorer.planning import SignalBuffer, exploration_id, random_source_id
+from coevolve.services.explorer.planning import (SignalBuffer, exploration_id, pick_random_tasks,
+                                                 random_source_id)
 from coevolve.services.explorer.service import ExplorerServiceConfig
 from coevolve.services.runtime.config import ConfigError
 from tests.agent_helpers import ScriptedBackend, byte_tokenizer
@@ -23,7 +25,7 @@ def _plan(config, *signals):
     buffer = SignalBuffer(config)
     for record in signals:
         buffer.add(record, now=0.0)
-    (plan,) = buffer.step_completed("r1", 4)
+    (plan,) = buffer.step_completed("r1", 4, 0.0) + buffer.expire(config.step_grace_s)
     return plan
 
 
@@ -66,7 +68,7 @@ def test_a_context_naming_a_tool_the_task_lacks_is_rejected():
     config = ExplorerConfig(runs=1)
     out = explore_plan(_plan(config, boundary_signal("s1")), _backend(json.dumps(bad)), config, SAMPLING,
                        Budget(), "m", [], LIMITS)
-    assert out.records == [] and "'teleport', not a tool of this task" in out.rejected[0][2]
+    assert out.records == [] and "$.location.tools[0]: 'teleport' is not one of" in out.rejected[0][2]
 
 
 def test_the_run_budget_skips_the_clusters_it_cannot_afford():
@@ -89,6 +91,37 @@ def test_the_random_strategy_reads_no_model_and_repeats_its_ids():
         assert record["strategy"] == "random" and record["signal_id"] is None and record["context"] == ""
         assert record["task_id"] in tasks and 1 <= len(record["tuples"]) <= 3
         assert record["event_id"] == exploration_id(random_source_id("r1", 4, record["task_id"]), record["round"])
+
+
+def test_a_period_with_no_signal_explored_falls_back_to_seeded_random_tasks_apart_from_guided_ones():
+    config = ExplorerConfig(runs=2, calls_per_run=2, fallback_tasks=2)
+    plan = _plan(config, boundary_signal("s1"))
+    tasks = ["multi_turn_base_3", "multi_turn_base_5", "multi_turn_base_7"]
+    out = explore_plan(plan, _backend("no JSON here"), config, SAMPLING, Budget(), "m", tasks, LIMITS)
+    again = explore_plan(plan, _backend("no JSON here"), config, SAMPLING, Budget(), "m", tasks, LIMITS)
+    assert out.rejected and out.fell_back and len(out.records) == 4  # 2 tasks x 2 runs
+    assert [r["event_id"] for r in out.records] == [r["event_id"] for r in again.records]
+    picked = pick_random_tasks(tasks, 2, "r1", 4, config.random_seed)
+    assert sorted({r["task_id"] for r in out.records}) == sorted(picked)
+    for record in out.records:
+        assert record["strategy"] == "random-fallback" and record["signal_id"] is None
+        source = random_source_id("r1", 4, record["task_id"], "random-fallback")
+        assert record["event_id"] == exploration_id(source, record["round"])
+        assert source != random_source_id("r1", 4, record["task_id"])  # apart from the random strategy's
+
+
+def test_a_step_without_signals_falls_back_and_a_guided_period_that_explored_does_not():
+    config = ExplorerConfig(runs=1, fallback_tasks=1, step_grace_s=0)
+    buffer = SignalBuffer(config)
+    (empty,) = buffer.step_completed("r1", 7, 0.0)
+    out = explore_plan(empty, None, config, SAMPLING, Budget(), "", ["multi_turn_base_9"], LIMITS)
+    assert [(r["strategy"], r["task_id"], r["step"]) for r in out.records] == [
+        ("random-fallback", "multi_turn_base_9", 7)]
+    explored = explore_plan(_plan(config, boundary_signal("s1")), _backend(json.dumps(CONTEXT)), config,
+                            SAMPLING, Budget(), "m", ["multi_turn_base_9"], LIMITS)
+    assert not explored.fell_back and {r["strategy"] for r in explored.records} == {"signal-guided"}
+    off = dataclasses.replace(config, fallback_tasks=0)
+    assert explore_plan(empty, None, off, SAMPLING, Budget(), "", ["multi_turn_base_9"], LIMITS).records == []
 
 
 def test_negative_period_limits_are_refused():

@@ -42,18 +42,18 @@ def test_the_prompt_shows_the_seed_the_contexts_and_only_the_calls_that_succeede
 def test_recorded_answers_that_hold_a_task_parse_into_tasks_whose_reference_passes(name):
     parsed = parse_proposal(_fixture(name))
     assert parsed.ok, parsed.reason
-    task = build_task(parsed.value, SEED, "synthesized_x")
+    task, problem = build_task(parsed.value, SEED, "synthesized_x")
+    assert problem == "" and len(task.turns) == len(task.reference)
     assert set(task.initial_state) == {"GorillaFileSystem"} and task.involved_classes == ("GorillaFileSystem",)
     result = score_calls(task, [list(t) for t in task.reference])
     assert result["success"], result
 
 
 @pytest.mark.parametrize("name,reason", [
-    ("wrong_types", "the JSON does not fit the schema: at $.reference[0][0]: {'name': 'mkdir'} is not of type "
-                    "'string'; at $.turns: 'Make a folder' is not of type 'array'"),
-    ("missing_fields", "the JSON does not fit the schema: at $: 'reference' is a required property"),
+    ("wrong_types", "the JSON does not fit the schema: at $.turns[0].reference[0]: {'name': 'mkdir'} is not of "
+                    "type 'string'; at $.turns[1]: 'List the files' is not of type 'object'"),
+    ("missing_fields", "the JSON does not fit the schema: at $.turns[0]: 'reference' is a required property"),
     ("not_json", 'no JSON object found in the answer (it begins: "Task: make a folder named drafts.'),
-    ("turn_mismatch", "'reference' has 1 turn(s) but 'turns' has 2; give one list of calls per user turn"),
     ("unknown_class", "the JSON does not fit the schema: at $.involved_classes[0]: 'EmailAPI' is not one of"),
 ])
 def test_recorded_malformed_answers_are_refused_with_a_precise_reason(name, reason):
@@ -63,15 +63,15 @@ def test_recorded_malformed_answers_are_refused_with_a_precise_reason(name, reas
 
 
 def test_too_many_turns_are_refused():
-    answer = json.dumps({"turns": ["ls"] * 3, "involved_classes": ["GorillaFileSystem"],
-                         "reference": [["ls()"]] * 3})
+    answer = json.dumps({"involved_classes": ["GorillaFileSystem"],
+                         "turns": [{"instruction": "ls", "reference": ["ls()"]}] * 3})
     assert parse_proposal(answer, max_turns=3).ok
     assert "is too long" in parse_proposal(answer, max_turns=2).reason
 
 
 def test_the_initial_state_is_the_seeds_patched_and_the_seed_is_untouched():
     before = json.dumps(SEED.initial_state, sort_keys=True)
-    task = build_task(parse_proposal(_fixture("fenced_with_state")).value, SEED, "synthesized_x")
+    task, _ = build_task(parse_proposal(_fixture("fenced_with_state")).value, SEED, "synthesized_x")
     archive = task.initial_state["GorillaFileSystem"]["root"]["workspace"]["contents"]["archive"]
     assert archive["contents"] == {"old.txt": {"type": "file", "content": "old notes"}}
     assert archive["type"] == "directory"  # kept from the seed
@@ -94,3 +94,36 @@ def test_groups_complete_when_every_round_arrived_and_ignore_redeliveries():
     assert groups.expire(now=5.0, max_wait_s=10.0) == []
     assert [[e["event_id"] for e in g] for g in groups.expire(now=11.0, max_wait_s=10.0)] == [["x0"]]
     assert groups.add(exploration("e1", 1), now=12.0) is None
+
+
+def test_a_state_patch_that_is_not_a_json_object_is_named_as_the_problem_and_the_seed_state_kept():
+    task, problem = build_task(parse_proposal(_fixture("patch_not_an_object")).value, SEED, "synthesized_x")
+    assert problem == "initial_state must be a JSON object (a merge patch), not a JSON list"
+    assert task.initial_state == {"GorillaFileSystem": SEED.initial_state["GorillaFileSystem"]}
+    _, garbage = build_task({"involved_classes": ["GorillaFileSystem"], "initial_state": "{oops",
+                             "turns": [{"instruction": "ls", "reference": ["ls()"]}]}, SEED, "synthesized_y")
+    assert garbage.startswith("initial_state is not JSON text: ")
+
+
+def _bounded(schema, path="$"):
+    """Every string and array of a schema without a length bound, by path."""
+    loose = []
+    if schema.get("type") == "string" and "maxLength" not in schema:
+        loose.append(path)
+    if schema.get("type") == "array":
+        if "maxItems" not in schema:
+            loose.append(path)
+        loose += _bounded(schema["items"], path + "[]")
+    if schema.get("type") == "object":
+        assert schema.get("additionalProperties") is False, path  # a free object has no bound
+        for name, sub in schema["properties"].items():
+            loose += _bounded(sub, f"{path}.{name}")
+    return loose
+
+
+def test_both_answer_schemas_bound_every_string_and_array():
+    from coevolve.services.explorer.reflection import CONTEXT_SCHEMA
+
+    assert _bounded(task_schema()) == [] and _bounded(CONTEXT_SCHEMA) == []
+    assert _bounded({"type": "object", "additionalProperties": False, "properties": {
+        "a": {"type": "string"}, "b": {"type": "array", "items": {"type": "string", "maxLength": 3}}}}) == ["$.a", "$.b"]

@@ -1,0 +1,49 @@
+"""A (re)started validator knows the tasks validated before it: it reads the compacted coevolve.tasks."""
+import dataclasses
+
+import pytest
+
+from coevolve.services.agent.config import BackendConfig
+from coevolve.services.envs import bfcl_data
+from coevolve.services.kafka.producer import EventProducer
+from coevolve.services.kafka.topics import TASKS
+from coevolve.services.validator.config import ValidatorConfig
+from coevolve.services.validator.service import Validator, ValidatorServiceConfig
+from coevolve.services.validator.stages import StageOutcome
+from coevolve.services.validator.verdict import Verdict, verdict_record
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def _task(task_id: str, turn: str, call: str):
+    seed = bfcl_data.get_task("multi_turn_base_0")
+    return dataclasses.replace(seed, task_id=task_id, turns=(turn,), reference=((call,),))
+
+
+def _record(task, validated: bool) -> dict:
+    stage = StageOutcome("dual_pass", validated, "attempt scored 1.00" if validated else "attempt scored 0.00")
+    return verdict_record(Verdict(task, validated, (stage,), 1.0 if validated else 0.0), "r0", 3,
+                          "multi_turn_base_0", [], ["e1"], 1_795_000_000_000)
+
+
+def test_a_started_validator_counts_the_tasks_validated_before_as_known(bootstrap):
+    kept = _task("synthesized_kept", "Show every file in the current folder, hidden ones too, then stop.", "ls(a=True)")
+    dropped = _task("synthesized_dropped", "Count the lines of each report and compare the two totals.", "pwd()")
+    changed = _task("synthesized_changed", "Archive the newest draft under a dated name for the auditors.", "ls()")
+    with EventProducer(bootstrap) as producer:
+        for record in (_record(kept, True), _record(dropped, False), _record(changed, True),
+                       _record(changed, False)):  # the last verdict of a task is the one that holds
+            producer.send(TASKS.name, record, key=record["task_id"])
+        producer.flush()
+    validator = Validator(ValidatorServiceConfig(kafka_bootstrap=bootstrap, group_id="catalog"), ValidatorConfig(),
+                          BackendConfig(model="tiny-random", backend="transformers"))
+    try:
+        validator.start()
+        seeds = len(bfcl_data.load_tasks(split="all"))
+        assert len(validator.index) == seeds + 1
+        again = dataclasses.replace(kept, task_id="synthesized_again")
+        outcome = validator.index.check(again)
+        assert not outcome.passed and "synthesized_kept" in outcome.reason
+        assert validator.index.check(dataclasses.replace(dropped, task_id="synthesized_new")).passed
+    finally:
+        validator.finish()
