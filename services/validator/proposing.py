@@ -41,31 +41,42 @@ def agent_attempt(backend, sampling: SamplingConfig, limits: EpisodeLimits):
     return attempt
 
 
-def propose(backend, group: Sequence[Mapping[str, Any]], seed: Task, config: ValidatorConfig,
-            sampling: SamplingConfig) -> tuple[dict | None, str]:
-    """The proposed task for a group, or None and why no answer could be used."""
-    messages = abstraction_messages(group, seed, config.max_turns)
-    answer = generate_json(backend, [messages], task_schema(config.max_turns), sampling,
-                           retries=config.parse_attempts - 1)[0]
-    if isinstance(answer, StructuredOutputError):
-        return None, str(answer)
-    return answer, ""
+def propose(backend, groups: Sequence[tuple[Sequence[Mapping[str, Any]], Task]], config: ValidatorConfig,
+            sampling: SamplingConfig) -> list[tuple[dict | None, str]]:
+    """The proposed task of each (group, seed), from one batched generation, or None and why no answer
+    could be used."""
+    conversations = [abstraction_messages(group, seed, config.max_turns) for group, seed in groups]
+    answers = generate_json(backend, conversations, task_schema(config.max_turns), sampling,
+                            retries=config.parse_attempts - 1) if conversations else []
+    return [(None, str(a)) if isinstance(a, StructuredOutputError) else (a, "") for a in answers]
 
 
-def check_group(group: Sequence[Mapping[str, Any]], backend, index: NoveltyIndex, config: ValidatorConfig,
-                sampling: SamplingConfig, limits: EpisodeLimits,
-                attempt_sampling: SamplingConfig | None = None) -> Checked:
-    """Abstract (with `sampling`), build and validate one group's proposed task; the dual pass's
-    attempt is greedy (`attempt_sampling`, by default greedy with `sampling`'s token limit)."""
+def check_groups(groups: Sequence[Sequence[Mapping[str, Any]]], backend, index: NoveltyIndex,
+                 config: ValidatorConfig, sampling: SamplingConfig, limits: EpisodeLimits,
+                 attempt_sampling: SamplingConfig | None = None) -> list[Checked]:
+    """Abstract every group in one batch (with `sampling`), then build and validate each proposed task
+    in order, so a task validated first counts as known for the next; the dual pass's attempt is greedy
+    (`attempt_sampling`, by default greedy with `sampling`'s token limit)."""
     attempt_sampling = attempt_sampling or SamplingConfig(temperature=0.0, max_new_tokens=sampling.max_new_tokens)
+    results: list[Checked | None] = [None] * len(groups)
+    seeded: list[tuple[int, Task]] = []
+    for i, group in enumerate(groups):
+        try:
+            seeded.append((i, bfcl_data.get_task(str(group[0]["task_id"]))))
+        except KeyError as exc:
+            results[i] = Checked(None, None, "no_seed_task", str(exc.args[0]))
+    proposals = propose(backend, [(groups[i], seed) for i, seed in seeded], config, sampling)
+    for (i, seed), (proposal, reason) in zip(seeded, proposals):
+        if proposal is None:
+            results[i] = Checked(None, None, "unparseable_proposal", reason)
+            continue
+        results[i] = _verdict(groups[i], seed, proposal, backend, index, config, limits, attempt_sampling)
+    return results  # type: ignore[return-value]
+
+
+def _verdict(group: Sequence[Mapping[str, Any]], seed: Task, proposal: dict, backend, index: NoveltyIndex,
+             config: ValidatorConfig, limits: EpisodeLimits, attempt_sampling: SamplingConfig) -> Checked:
     first = group[0]
-    try:
-        seed = bfcl_data.get_task(str(first["task_id"]))
-    except KeyError as exc:
-        return Checked(None, None, "no_seed_task", str(exc.args[0]))
-    proposal, reason = propose(backend, group, seed, config, sampling)
-    if proposal is None:
-        return Checked(None, None, "unparseable_proposal", reason)
     ids = [str(e["event_id"]) for e in group]
     task, problem = build_task(proposal, seed, synthesized_task_id(ids))
     if problem:
@@ -76,3 +87,10 @@ def check_group(group: Sequence[Mapping[str, Any]], backend, index: NoveltyIndex
     record = verdict_record(verdict, str(first["run_id"]), int(first["step"]), seed.task_id, signal_ids, ids,
                             int(time.time() * 1000))
     return Checked(record, verdict)
+
+
+def check_group(group: Sequence[Mapping[str, Any]], backend, index: NoveltyIndex, config: ValidatorConfig,
+                sampling: SamplingConfig, limits: EpisodeLimits,
+                attempt_sampling: SamplingConfig | None = None) -> Checked:
+    """`check_groups` for one group."""
+    return check_groups([group], backend, index, config, sampling, limits, attempt_sampling)[0]

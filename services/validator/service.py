@@ -2,7 +2,7 @@
 
 Explorations gather in `ExplorationGroups` (the rounds of one source on one task). A complete group,
 or one that waited `group_wait_s`, is abstracted by the model into a proposed task, which goes through
-the validation stages (`proposing.check_group`). Every verdict is published to `coevolve.tasks`, keyed
+the validation stages (`proposing.check_groups`, one batched abstraction for every ready group). Every verdict is published to `coevolve.tasks`, keyed
 by the task id; a group whose abstraction never parsed goes to the dead-letter topic with the reason.
 Offsets are committed after publishing, and only while no exploration waits in an open group. At
 start the tasks already validated on `coevolve.tasks` join the novelty index, so a restart keeps
@@ -24,7 +24,7 @@ from coevolve.services.runtime.service import Service
 from coevolve.services.validator.config import ValidatorConfig
 from coevolve.services.validator.groups import ExplorationGroups
 from coevolve.services.validator.novelty import NoveltyIndex
-from coevolve.services.validator.proposing import Checked, check_group
+from coevolve.services.validator.proposing import Checked, check_groups
 
 
 @dataclass(frozen=True)
@@ -139,8 +139,8 @@ class Validator(Service):
         results: list[Checked] = []
         if ready:
             with self.consumer.working():  # model work outlasts the poll interval; keep the group
-                results = [check_group(g, self.backend, self.index, self.core, self.sampling, self.limits,
-                                       self.attempt_sampling) for g in ready]
+                results = check_groups(ready, self.backend, self.index, self.core, self.sampling, self.limits,
+                                       self.attempt_sampling)
         self.uncommitted += len(items)
         if self.groups.pending:
             self._publish(ready, results)

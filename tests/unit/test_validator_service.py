@@ -9,7 +9,7 @@ from coevolve.services.explorer.planning import Plan
 from coevolve.services.validator.abstraction import synthesized_task_id
 from coevolve.services.validator.config import ValidatorConfig
 from coevolve.services.validator.novelty import NoveltyIndex
-from coevolve.services.validator.proposing import check_group
+from coevolve.services.validator.proposing import check_group, check_groups
 from tests.agent_helpers import ScriptedBackend, byte_tokenizer
 
 SAMPLING = SamplingConfig(temperature=0.0, max_new_tokens=400)
@@ -83,3 +83,14 @@ def test_without_validation_a_well_formed_task_is_kept_unexecuted():
     backend = _backend(json.dumps(PROPOSAL), "[ls()]")
     checked, _ = _check(backend, config=ValidatorConfig(validation=False))
     assert checked.record["verdict"] == "validated" and [s["stage"] for s in checked.record["stages"]] == ["well_formed"]
+
+
+def test_ready_groups_are_abstracted_in_one_batch_and_a_repeat_within_it_is_a_duplicate():
+    backend = _backend(json.dumps(PROPOSAL), "[" + ", ".join(CALLS) + "]")
+    other = [dict(e, event_id=e["event_id"] + "-b") for e in _group()]
+    first, second = check_groups([_group(), other], backend, NoveltyIndex([SEED]), ValidatorConfig(), SAMPLING,
+                                 LIMITS)
+    abstractions = [batch for batch in backend.batches if batch[0].json_schema is not None]
+    assert len(abstractions) == 1 and len(abstractions[0]) == 2
+    assert first.record["verdict"] == "validated"
+    assert second.record["verdict"] == "rejected" and second.record["stage"] == "novel"
