@@ -3,6 +3,7 @@
     python -m bench.bench_learner_step [--model smollm2-135m-instruct] [--backend vllm] [--steps 3]
                                        [--batch-tasks 2] [--group-size 4] [--max-new-tokens 64]
                                        [--user-turns 1] [--autocast off|bf16] [--reward task|parity]
+                                       [--gradient-checkpointing]
 
 Runs the real `coevolve learner` service in this process against an embedded broker: BFCL
 multi_turn_base train tasks, K rollouts each through the backend, GRPO on the episodes, the weights
@@ -50,12 +51,14 @@ def main() -> None:
     parser.add_argument("--user-turns", type=int, default=1)
     parser.add_argument("--autocast", default="off")
     parser.add_argument("--reward", default="parity", choices=("task", "parity"))
+    parser.add_argument("--gradient-checkpointing", action="store_true")
     args = parser.parse_args()
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as workdir:
         create_topics(broker.bootstrap)
         cfg = LearnerConfig(kafka_bootstrap=broker.bootstrap, workdir=workdir, steps=args.steps,
                             batch_tasks=args.batch_tasks, group_size=args.group_size, checkpoint_every=10**6)
-        grpo = GRPOConfig(lr=1e-6, temperature=1.0, micro_batch_size=1, autocast=args.autocast)
+        grpo = GRPOConfig(lr=1e-6, temperature=1.0, micro_batch_size=1, autocast=args.autocast,
+                          gradient_checkpointing=args.gradient_checkpointing)
         backend = BackendConfig(model=args.model, backend=args.backend)
         limits = EpisodeLimits(max_user_turns=args.user_turns)
         reward = parity if args.reward == "parity" else None

@@ -77,6 +77,9 @@ def reload_weights(llm: Any, named_tensors: Iterable[tuple[str, Any]]) -> None:
         raise RuntimeError("the vLLM engine runs in another process; set VLLM_ENABLE_V1_MULTIPROCESSING=0 "
                            "before building it (prepare_environment) to update its weights in place")
     runner = executor.driver_worker.worker.model_runner
+    dtype = getattr(getattr(engine, "model_config", None), "dtype", None)
+    if dtype is not None:  # a float32 trainer pushing into a bf16 engine: cast here, not per-weight warnings
+        named_tensors = ((name, tensor.to(dtype)) for name, tensor in named_tensors)
     runner.reload_weights(weights_iterator=iter(named_tensors))
     _repack_tied_head(runner.model)
     llm.reset_prefix_cache()

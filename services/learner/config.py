@@ -31,6 +31,8 @@ class GRPOConfig:
     temperature: float = doc(1.0, "Rollout sampling temperature; logits are divided by it before log-probs.")
     max_grad_norm: float = doc(1.0, "Clip the global gradient norm to this; 0 disables clipping.")
     micro_batch_size: int = doc(4, "Sequences per forward/backward; gradients accumulate over a step's batch.")
+    gradient_checkpointing: bool = doc(False, "Recompute each layer's activations in the backward pass instead of "
+                                       "keeping them (about a third more compute, far less memory on long episodes).")
     seed: int = doc(0, "Seed of torch's generator for the learner.")
     autocast: str = doc("off", "Mixed precision of the forward and backward: off (float32) or bf16 (torch.autocast; "
                         "weights and optimizer stay float32).")

@@ -27,7 +27,7 @@ import torch
 
 from coevolve.services.learner.batch import Collated
 from coevolve.services.learner.config import GRPOConfig, read_deepspeed_config
-from coevolve.services.learner.engine import Engine
+from coevolve.services.learner.engine import Engine, attention_mask
 
 
 def _free_port() -> int:
@@ -82,7 +82,7 @@ class DeepSpeedEngine(Engine):
         return self.ds.module
 
     def _forward(self, mb: Collated, keep: torch.Tensor) -> torch.Tensor:
-        return self.ds(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False,
+        return self.ds(input_ids=mb.input_ids, attention_mask=attention_mask(mb), use_cache=False,
                        logits_to_keep=keep).logits
 
     def _backward(self, loss: torch.Tensor) -> None:

@@ -22,6 +22,14 @@ from coevolve.services.learner.config import GRPOConfig
 from coevolve.services.learner.lora import add_lora, is_lora, merged_named_parameters
 
 
+def attention_mask(mb: Collated) -> None:
+    """No mask: `collate` pads on the right, so under the causal mask no real token attends to padding
+    (and padding carries no loss). An explicit mask would make PyTorch's SDPA leave its causal fast
+    path for a kernel that keeps T x T scores per head and layer: gigabytes on a 5k-token episode."""
+    del mb
+    return None
+
+
 class Engine:
     """The step loop shared by every engine; subclasses own the optimizer and the backward."""
 
@@ -30,6 +38,8 @@ class Engine:
         self.config = config
         self.pad_id = pad_id
         self.steps = 0
+        if config.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if config.lora_rank:
             model = add_lora(model, config)
         self.reference = None
@@ -104,7 +114,7 @@ class Engine:
     @torch.no_grad()
     def _reference_logprobs(self, mb: Collated, keep: torch.Tensor) -> torch.Tensor:
         if self.reference is not None:
-            logits = self.reference(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
+            logits = self.reference(input_ids=mb.input_ids, attention_mask=attention_mask(mb),
                                     use_cache=False, logits_to_keep=keep).logits
         else:
             with self.policy_module.disable_adapter():
@@ -140,7 +150,7 @@ class TorchEngine(Engine):
         self.optimizer.zero_grad(set_to_none=True)
 
     def _forward(self, mb: Collated, keep: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False,
+        return self.model(input_ids=mb.input_ids, attention_mask=attention_mask(mb), use_cache=False,
                           logits_to_keep=keep).logits
 
     def _backward(self, loss: torch.Tensor) -> None:

@@ -123,3 +123,10 @@ def test_bf16_autocast_trains_float32_weights_to_nearly_the_same_update():
     da = torch.cat([(t - start[k]).flatten() for k, t in weights(full).items()])
     db = torch.cat([(t - start[k]).flatten() for k, t in weights(mixed).items()])
     assert float(torch.nn.functional.cosine_similarity(da, db, dim=0)) > 0.8
+
+
+def test_gradient_checkpointing_gives_the_same_update():
+    plain, recomputed = engine(), engine(gradient_checkpointing=True)
+    a, b = plain.train_step(make_batch()), recomputed.train_step(make_batch())
+    assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
+    assert max_diff(weights(plain), weights(recomputed)) < 1e-6
