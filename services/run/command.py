@@ -1,6 +1,7 @@
 """The `coevolve run` command: one session of the loop, its summary and report."""
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 
@@ -84,9 +85,17 @@ def _reread(address: str, run: str, fallback: Tally) -> Tally:
         consumer.close()
 
 
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt
+
+
 def run_loop(plan: Plan, workdir: Path, bootstrap: str | None = None, resume: bool = False,
              run_id: str | None = None) -> dict:
     """Run one session of the loop in `workdir`; return the summary (also in summary.json)."""
+    # SIGINT and SIGTERM both stop the run in order, even where SIGINT arrives ignored (a background
+    # job of a non-interactive shell inherits SIG_IGN for it).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupt)
     workdir = workdir.resolve()
     run = loop.resolve_run(workdir, plan, resume, run_id)
     logs.to_file(workdir / "logs" / "run.log")

@@ -50,7 +50,7 @@ def build(tally: Tally, plan_info: dict[str, Any], phases: dict[str, float], th:
           state: str) -> dict[str, Any]:
     """The summary document (see README, "coevolve run")."""
     steps = [tally.steps[s] | {"step": s} for s in sorted(tally.steps)]
-    stage_seconds = {k: round(sum(s.get(f"{k}_seconds") or 0.0 for s in steps), 3) for k in STAGE_TIMES}
+    stage_seconds = {k: sum(s.get(f"{k}_seconds") or 0.0 for s in steps) for k in STAGE_TIMES}
     busy = sum(s.get("duration_seconds") or 0.0 for s in steps)
     rejected = [v for v in tally.verdicts.values() if v["verdict"] == "rejected"]
     by_stage = Counter(v["stage"] or "unknown" for v in rejected)
@@ -68,8 +68,8 @@ def build(tally: Tally, plan_info: dict[str, Any], phases: dict[str, float], th:
         "train_reward": {s["step"]: s.get("train_reward") for s in steps},
         "loss": {s["step"]: s.get("loss") for s in steps},
         "evaluations": tally.evaluations, "dead_letters": dict(tally.deadletters),
-        "learner_seconds": {**stage_seconds, "steps": round(busy, 3)},
-        "blocked_share": round(stage_seconds["blocked"] / busy, 6) if busy else None,
+        "learner_seconds": {**{k: round(v, 3) for k, v in stage_seconds.items()}, "steps": round(busy, 3)},
+        "blocked_share": stage_seconds["blocked"] / busy if busy else None,
         "wall_seconds": {k: round(v, 3) for k, v in phases.items()},
         "events": dict(tally.events),
     }

@@ -87,17 +87,19 @@ def test_smoke_runs_every_stage_and_its_summary_agrees_with_the_broker(tmp_path,
 
 
 def test_an_interrupted_run_resumes_at_the_next_step(tmp_path, broker):
-    cmd = [EXE, "run", "--preset", "smoke", "--workdir", str(tmp_path), "--bootstrap", broker]
+    # Longer generations and more steps than the preset, so the interrupt lands mid-run.
+    cmd = [EXE, "run", "--preset", "smoke", "--workdir", str(tmp_path), "--bootstrap", broker, "--steps", "8",
+           "--set", "learner.max_new_tokens=64", "--set", "learner.eval_every=0"]
     with open(tmp_path.parent / "first.log", "w+") as out:
         first = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True)
         deadline = time.monotonic() + 400
-        while "step 1/3" not in Path(out.name).read_text() and time.monotonic() < deadline:
+        while "step 1/8" not in Path(out.name).read_text() and time.monotonic() < deadline:
             assert first.poll() is None, Path(out.name).read_text()[-4000:]
             time.sleep(0.5)
         first.send_signal(signal.SIGINT)
         assert first.wait(300) == 130, Path(out.name).read_text()[-4000:]
     interrupted = json.loads((tmp_path / "summary.json").read_text())
-    assert interrupted["state"] == "interrupted" and 1 <= interrupted["last_step"] < 3
+    assert interrupted["state"] == "interrupted" and 1 <= interrupted["last_step"] < 8
 
     done = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
@@ -105,5 +107,5 @@ def test_an_interrupted_run_resumes_at_the_next_step(tmp_path, broker):
     assert resumed["run_id"] == interrupted["run_id"] and resumed["resumed"]
     # Every step published once: a resume that started over would publish step 1 again.
     steps = Counter(e["step"] for e in _events(broker, resumed["run_id"], dedupe=False)["StepCompleted"])
-    assert steps == {1: 1, 2: 1, 3: 1}
-    assert f"step {interrupted['last_step'] + 1}/3" in done.stdout
+    assert steps == {step: 1 for step in range(1, 9)}
+    assert f"step {interrupted['last_step'] + 1}/8" in done.stdout

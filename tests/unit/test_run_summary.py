@@ -1,4 +1,6 @@
 """The run's tally of broker events, its progress line, and why silent signal kinds stayed silent."""
+import pytest
+
 from coevolve.services.run.summary import build, silent_reasons, thresholds
 from coevolve.services.run.tally import Tally
 
@@ -48,5 +50,5 @@ def test_a_kind_that_fired_gets_no_excuse_and_the_summary_sums_the_steps():
     doc = build(tally, {"run_id": "r1"}, {"train": 20.0}, thresholds({}), "completed")
     assert "rare" not in doc["signals_silent"] and doc["signals"]["rare"] == 1
     assert doc["steps"] == 2 and doc["pool_size"] == {1: 41, 2: 42}
-    assert doc["learner_seconds"]["rollout"] == 12.0 and doc["blocked_share"] == 0.002
+    assert doc["learner_seconds"]["rollout"] == 12.0 and doc["blocked_share"] == pytest.approx(0.002)
     assert "step 2/2" in tally.progress_line(2, 2) and "pool 42 (1 new)" in tally.progress_line(2, 2)
