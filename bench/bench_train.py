@@ -1,13 +1,15 @@
 """Learner training throughput on CPU: tokens/s of one GRPO step, plain torch versus DeepSpeed ZeRO-1.
 
     python -m bench.bench_train [--shapes tiny,smollm2-135m] [--batch 4] [--length 256] [--repeats 5]
+        [--compare engines|autocast]
 
 Random-weight Llama models built from a config (`tiny`: 2.9M parameters; `smollm2-135m`: SmolLM2-135M's
 shape), float32. A step is `engine.train_step` on `batch` sequences of `length` tokens, the second
 half of each generated (loss mask 1), micro-batches of 2, KL off, AdamW; tokens/s counts every token
 the forward and backward passes process. One untimed warm-up step per engine, then `repeats` steps
 of each, alternating the two engines (so both see the same load from other jobs), and the medians.
-DeepSpeed runs in this process with DS_ACCELERATOR=cpu and one rank.
+DeepSpeed runs in this process with DS_ACCELERATOR=cpu and one rank. `--compare autocast` sets plain
+torch in float32 against bf16 autocast (the learner's `autocast` setting) instead.
 """
 from __future__ import annotations
 
@@ -62,6 +64,8 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--compare", choices=("engines", "autocast"), default="engines",
+                        help="engines: torch vs DeepSpeed ZeRO-1 (float32); autocast: torch float32 vs bf16 autocast")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -74,9 +78,11 @@ def main() -> None:
         for shape in args.shapes.split(","):
             batch = make_batch(args.batch, args.length, SHAPES[shape]["vocab_size"])
             print(f"{shape}: {args.batch} x {args.length} tokens per step, micro-batch {args.micro_batch}")
+            variants = ((("torch", {}), ("deepspeed-zero1", {"deepspeed_config": str(ds_file)}))
+                        if args.compare == "engines" else
+                        (("torch-float32", {}), ("torch-bf16-autocast", {"autocast": "bf16"})))
             engines = {name: build_engine(random_llama(shape, seed=0), GRPOConfig(
-                lr=1e-6, micro_batch_size=args.micro_batch, deepspeed_config=ds_config))
-                for name, ds_config in (("torch", ""), ("deepspeed-zero1", str(ds_file)))}
+                lr=1e-6, micro_batch_size=args.micro_batch, **extra)) for name, extra in variants}
             for name, runs in interleaved(engines, batch, args.repeats).items():
                 report(f"{shape} {name}", statistics.median(runs), "tokens/s", runs)
             del engines
