@@ -50,16 +50,17 @@ class Session:
 
 
 def resolve_run(workdir: Path, plan: Plan, resume: bool, run_id: str | None) -> str:
-    """The run id: a new one, or (with --resume) the one recorded in `<workdir>/run.json`."""
+    """The run id: a new one (recorded in `<workdir>/run.json` as the latest), or with --resume the
+    latest. Runs share the workdir's archive, so the report compares them; each has its own state."""
     record = workdir / "run.json"
     if resume:
         if not record.is_file():
             raise ConfigError(f"--resume: {record} does not exist; start a run in {workdir} first")
         return json.loads(record.read_text())["run_id"]
-    if record.is_file():
-        raise ConfigError(f"{workdir} already holds run {json.loads(record.read_text())['run_id']}; "
-                          "continue it with --resume, or choose another --workdir")
     run_id = run_id or f"run-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"
+    if (workdir / "runs" / run_id).exists():
+        raise ConfigError(f"run {run_id} already exists in {workdir}; continue it with --resume, or pick "
+                          "another --run-id")
     workdir.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps({"run_id": run_id, "preset": plan.preset}) + "\n")
     return run_id
@@ -67,9 +68,10 @@ def resolve_run(workdir: Path, plan: Plan, resume: bool, run_id: str | None) -> 
 
 def make_children(s: Session) -> dict[str, Child]:
     """The service processes, each with its preset section as environment variables."""
-    b, w = ["--bootstrap", s.bootstrap], s.workdir
-    learner = ["learner", *b, "--workdir", str(w / "learner"), "--run-id", s.run_id] + (["--resume"] if s.resume else [])
-    commands = {"streams": ["streams", "worker", *b, "--datadir", str(w / "streams")],
+    b, w, state = ["--bootstrap", s.bootstrap], s.workdir, s.workdir / "runs" / s.run_id
+    learner = ["learner", *b, "--workdir", str(state / "learner"), "--run-id", s.run_id] + \
+        (["--resume"] if s.resume else [])
+    commands = {"streams": ["streams", "worker", *b, "--datadir", str(state / "streams")],
                 "archiver": ["archiver", *b, "--workdir", str(w)],
                 "validator": ["validator", *b], "explorer": ["explorer", *b], "learner": learner}
     return {name: Child(name, args, s.plan.env(name), s.logs / f"{name}.log") for name, args in commands.items()}
