@@ -18,7 +18,7 @@ from pathlib import Path
 from coevolve.services.kafka.consumer import EventConsumer
 from coevolve.services.kafka.topics import (CATALOG, EXPLORATIONS, SIGNALS, STEPS, TRAJECTORIES,
                                             create_topics)
-from coevolve.services.run.children import Child, ChildFailed, wait_healthy
+from coevolve.services.run.children import Child, wait_healthy
 from coevolve.services.run.lag import LagProbe
 from coevolve.services.run.plan import Plan
 from coevolve.services.run.tally import Tally
