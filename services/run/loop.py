@@ -109,8 +109,8 @@ def drain(s: Session, tally: Tally, printed: set[int]) -> bool:
             for name in DRAIN_GROUPS:
                 if s.children[name].exit_code is not None:
                     raise s.children[name].failure()
-            behind = {name: probe.lag(s.plan.value(name, key, group), list(topics))
-                      for name, (key, group, topics) in DRAIN_GROUPS.items()}
+            behind = probe.behind({name: (s.plan.value(name, key, group), topics)
+                                   for name, (key, group, topics) in DRAIN_GROUPS.items()})
             if len(tally.seen) != seen or any(behind.values()):
                 quiet_since, seen = time.monotonic(), len(tally.seen)
                 log.info("run.draining", behind=behind)
