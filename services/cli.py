@@ -497,10 +497,10 @@ def learner(
 ) -> None:
     """Train the agent with GRPO on the seed tasks and the loop's validated tasks; publish every step.
 
-    Every field of LearnerConfig, SamplerConfig, GRPOConfig, BackendConfig, EpisodeLimits and
-    SamplingConfig is also read from LEARNER_<FIELD> (README: `coevolve learner`)."""
+    Every field of LearnerConfig, SamplerConfig, GRPOConfig, WarmupConfig, BackendConfig, EpisodeLimits
+    and SamplingConfig is also read from LEARNER_<FIELD> (README: `coevolve learner`)."""
     from coevolve.services.agent.config import BackendConfig, EpisodeLimits, SamplingConfig
-    from coevolve.services.learner.config import GRPOConfig, LearnerConfig, SamplerConfig
+    from coevolve.services.learner.config import GRPOConfig, LearnerConfig, SamplerConfig, WarmupConfig
     from coevolve.services.learner.service import Learner
     from coevolve.services.runtime.config import ConfigError
 
@@ -509,11 +509,12 @@ def learner(
         metrics_port=metrics_port, metrics_host=metrics_host))
     grpo = _load(GRPOConfig, "learner", {})
     sampler = _load(SamplerConfig, "learner", {})
+    warmup = _load(WarmupConfig, "learner", {})
     backend_cfg = _load(BackendConfig, "learner", {"model": model, "backend": backend, "base_url": base_url})
     limits = _load(EpisodeLimits, "learner", {})
     sampling = _load(SamplingConfig, "learner", {"max_new_tokens": max_new_tokens})
     try:
-        service = Learner(cfg, grpo, sampler, backend_cfg, limits, sampling.max_new_tokens)
+        service = Learner(cfg, grpo, sampler, backend_cfg, limits, sampling.max_new_tokens, warmup=warmup)
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from None
     service.serve_until_signalled()

@@ -39,9 +39,9 @@ class ModelError(ValueError):
 def resolve_model(name: str, home: Path) -> Path:
     """The directory of `name`, building the embedded models on first use."""
     if name == SMOLLM2:
-        return _cached(home, SMOLLM2, _build_smollm2)
+        return cached_model(home, SMOLLM2, _build_smollm2)
     if name == TINY_RANDOM:
-        return _cached(home, TINY_RANDOM, _build_tiny_random)
+        return cached_model(home, TINY_RANDOM, _build_tiny_random)
     path = Path(name).expanduser()
     if (path / "config.json").is_file():
         return path.resolve()
@@ -56,7 +56,8 @@ def _built(target: Path) -> bool:
         return False
 
 
-def _cached(home: Path, name: str, build) -> Path:
+def cached_model(home: Path, name: str, build) -> Path:
+    """`<home>/models/<name>`, made by `build(folder, home)` (which returns its source) on first use."""
     root = Path(home).expanduser() / "models"
     target = root / name
     if _built(target):

@@ -89,6 +89,23 @@ def read_deepspeed_config(path: str) -> dict:
     return config
 
 
+@dataclass(frozen=True)
+class WarmupConfig:
+    """Supervised warm-up on the seed tasks' reference calls before GRPO (services/learner/warmup.py)."""
+
+    warmup_steps: int = doc(0, "Optimizer steps of cross-entropy on reference episodes before the first GRPO "
+                            "step, teaching a small model the call format; 0 skips the warm-up.")
+    warmup_lr: float = doc(1e-4, "AdamW learning rate of the warm-up.")
+    warmup_batch: int = doc(4, "Reference episodes (or windows) per warm-up step.")
+    warmup_window: int = doc(0, "Train on each reply with only this many tokens before it (a cheap warm-up for "
+                             "a model too small to use the long prompt); 0 trains on whole episodes.")
+
+    def __post_init__(self) -> None:
+        if self.warmup_steps < 0 or self.warmup_window < 0 or self.warmup_batch < 1 or self.warmup_lr <= 0:
+            raise ConfigError("warmup_steps and warmup_window must be >= 0, warmup_batch at least 1 and "
+                              "warmup_lr positive")
+
+
 SAMPLERS = ("streaming", "static")
 
 

@@ -21,7 +21,7 @@ from coevolve.services.agent.config import BackendConfig, EpisodeLimits, Samplin
 from coevolve.services.agent.episodes import EpisodesStopped
 from coevolve.services.kafka.topics import EVALUATIONS, STEPS, TASKS, TRAJECTORIES
 from coevolve.services.learner import checkpoint as ckpt
-from coevolve.services.learner.config import GRPOConfig, LearnerConfig, SamplerConfig
+from coevolve.services.learner.config import GRPOConfig, LearnerConfig, SamplerConfig, WarmupConfig
 from coevolve.services.learner.evaluation import due, evaluate
 from coevolve.services.learner.sampler import TaskFeed, TaskPool
 from coevolve.services.learner.step import Reward, StepResult, StepRunner
@@ -53,12 +53,14 @@ class Learner(Service):
     stale_s = 3600.0  # a CPU step can take minutes; the loop beats once per step
 
     def __init__(self, cfg: LearnerConfig, grpo: GRPOConfig, sampler: SamplerConfig, backend_cfg: BackendConfig,
-                 limits: EpisodeLimits | None = None, max_new_tokens: int = 256, reward: Reward | None = None):
+                 limits: EpisodeLimits | None = None, max_new_tokens: int = 256, reward: Reward | None = None,
+                 warmup: WarmupConfig | None = None):
         super().__init__(cfg)
         if backend_cfg.backend == "openai":
             raise ConfigError("the learner trains the rollout policy in-process: use --backend vllm or "
                               "transformers (openai serves fixed weights)")
         self.grpo, self.sampler_cfg, self.backend_cfg = grpo, sampler, backend_cfg
+        self.warmup = warmup or WarmupConfig()
         self.limits = limits or EpisodeLimits()
         self.sampling = SamplingConfig(temperature=grpo.temperature, top_p=1.0, max_new_tokens=max_new_tokens,
                                        seed=backend_cfg.seed)
@@ -97,6 +99,8 @@ class Learner(Service):
         from coevolve.services.kafka.producer import EventProducer
 
         self.pool = self._pool()
+        if self.warmup.warmup_steps:
+            self._warm_up()
         self.backend = make_backend(self.backend_cfg)
         self.engine = self._engine()
         if self.resumed is not None:
@@ -126,6 +130,16 @@ class Learner(Service):
         if self.cfg.seed_tasks:
             seeds = seeds[:self.cfg.seed_tasks]
         return TaskPool(seeds, self.sampler_cfg, seed=self.grpo.seed)
+
+    def _warm_up(self) -> None:
+        """Roll out and train from the warmed model (trained here on first use, cached after)."""
+        from coevolve.services.learner.warmup import warm_model
+
+        base = self.backend_cfg.model
+        path = warm_model(base, self.backend_cfg.coevolve_home, self.warmup, self.grpo,
+                          list(self.pool.seed.values()), self.limits)
+        self.backend_cfg = dataclasses.replace(self.backend_cfg, model=str(path))
+        self.log.info("learner.warmed", base=base, model=str(path))
 
     def _engine(self):
         import torch
@@ -218,6 +232,7 @@ class Learner(Service):
     def _checkpoint(self) -> None:
         configs = {name: dataclasses.asdict(c) for name, c in (("learner", self.cfg), ("grpo", self.grpo),
                                                                  ("sampler", self.sampler_cfg),
+                                                                 ("warmup", self.warmup),
                                                                  ("backend", self.backend_cfg))}
         path = ckpt.save_checkpoint(self.cfg.workdir, self.engine, step=self.done, run_id=self.run_id,
                                     policy_version=self.backend.version, sampler=self.pool.state(),

@@ -21,7 +21,8 @@ from coevolve.services.runtime.config import ConfigError, doc, load
 # The config dataclasses each service process loads with its section's prefix.
 SERVICE_CONFIGS: dict[str, tuple[str, ...]] = {
     "learner": ("coevolve.services.learner.config:LearnerConfig", "coevolve.services.learner.config:SamplerConfig",
-                "coevolve.services.learner.config:GRPOConfig", "coevolve.services.agent.config:BackendConfig",
+                "coevolve.services.learner.config:GRPOConfig", "coevolve.services.learner.config:WarmupConfig",
+                "coevolve.services.agent.config:BackendConfig",
                 "coevolve.services.agent.config:EpisodeLimits", "coevolve.services.agent.config:SamplingConfig"),
     "streams": ("coevolve.streams.worker.config:StreamsConfig",),
     "explorer": ("coevolve.services.explorer.config:ExplorerConfig",

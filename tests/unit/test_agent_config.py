@@ -56,14 +56,14 @@ def test_parallel_builders_build_once_and_later_callers_reuse_the_cache(tmp_path
         return "test"
 
     results = []
-    threads = [threading.Thread(target=lambda: results.append(models._cached(tmp_path, "m", build))) for _ in range(4)]
+    threads = [threading.Thread(target=lambda: results.append(models.cached_model(tmp_path, "m", build))) for _ in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert len(builds) == 1 and len(set(results)) == 1
     assert (results[0] / "config.json").is_file() and (results[0] / models.MARKER).is_file()
-    assert models._cached(tmp_path, "m", build) == results[0] and len(builds) == 1
+    assert models.cached_model(tmp_path, "m", build) == results[0] and len(builds) == 1
 
 
 def test_a_failed_build_leaves_nothing_that_looks_built(tmp_path):
@@ -72,5 +72,5 @@ def test_a_failed_build_leaves_nothing_that_looks_built(tmp_path):
         raise RuntimeError("disk full")
 
     with pytest.raises(RuntimeError):
-        models._cached(tmp_path, "m", broken)
+        models.cached_model(tmp_path, "m", broken)
     assert not (tmp_path / "models" / "m").exists()

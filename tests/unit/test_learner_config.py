@@ -4,7 +4,7 @@ import json
 import pytest
 
 from coevolve.services.runtime.config import ConfigError, describe, load
-from coevolve.services.learner.config import GRPOConfig, read_deepspeed_config
+from coevolve.services.learner.config import GRPOConfig, WarmupConfig, read_deepspeed_config
 
 
 def test_defaults_are_the_papers_clip_range_and_token_mean():
@@ -35,6 +35,15 @@ def test_environment_layers_over_defaults():
 def test_invalid_settings_fail_at_start_with_a_fix(fields, match):
     with pytest.raises(ConfigError, match=match):
         GRPOConfig(**fields)
+
+
+@pytest.mark.parametrize("fields", [{"warmup_steps": -1}, {"warmup_window": -2}, {"warmup_batch": 0},
+                                    {"warmup_lr": 0.0}])
+def test_warm_up_settings_are_checked_and_off_by_default(fields):
+    assert WarmupConfig().warmup_steps == 0
+    assert load(WarmupConfig, "learner", environ={"LEARNER_WARMUP_STEPS": "6"}).warmup_steps == 6
+    with pytest.raises(ConfigError, match="warmup_steps and warmup_window must be >= 0"):
+        WarmupConfig(**fields)
 
 
 def test_deepspeed_config_is_read_and_checked(tmp_path):
