@@ -8,9 +8,9 @@ Topics (internal ones are prefixed by the app id and co-partitioned with the tra
   partition, and the step's trajectory count to the counts topic.
 - `<app>-step-counts`, keyed by step (the group_by of pattern keys) -> `raise_rare_signals`, table
   `step_to_counts`: rare, closed by count or by the grace period (`rare.RareBatch`).
-Every send of a batch is confirmed before its table writes, so a killed worker re-emits (same ids)
-rather than loses. Undecodable or invalid input goes to `coevolve.deadletter` with its reason. Faust's
-quirks on this broker are in faust_compat.py.
+Every send of a batch is confirmed before its table writes, and those before its events are
+acknowledged, so a killed worker re-emits (same ids) rather than loses. Undecodable or invalid input
+goes to `coevolve.deadletter` with its reason. Faust's quirks on this broker are in faust_compat.py.
 """
 from __future__ import annotations
 
@@ -177,7 +177,7 @@ def add_step_agents(app: faust.App, cfg: StreamsConfig, metrics: Metrics, topics
     @app.agent(topics["steps"])
     async def forward_steps(stream):
         async for events in stream.take_events(cfg.batch_size, cfg.batch_within_s):
-            out = Emitter(topics, metrics)
+            out, forwarded = Emitter(topics, metrics), 0
             for ev in events:
                 event = out.decode(ev, "StepCompleted")
                 try:
@@ -187,7 +187,9 @@ def add_step_agents(app: faust.App, cfg: StreamsConfig, metrics: Metrics, topics
                     continue
                 if completed:
                     _forward(out, *completed)
+                    forwarded += 1
             await send_confirmed(app, out.sends)
+            metrics.steps.labels("forwarded").inc(forwarded)
 
     @app.agent(topics["counts"])
     async def raise_rare_signals(stream):
@@ -208,6 +210,8 @@ def add_step_agents(app: faust.App, cfg: StreamsConfig, metrics: Metrics, topics
             out.signals(batch.raised, int(now * 1000))
             await send_confirmed(app, out.sends)
             write_under(step_to_counts, batch.writes)
+            for stage, n in batch.closed.items():
+                metrics.steps.labels(stage).inc(n)
             metrics.batch_seconds.labels("rare").observe(time.perf_counter() - started)
 
     @app.timer(cfg.tick_s)
