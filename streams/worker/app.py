@@ -28,8 +28,9 @@ from coevolve.services.kafka.topics import DEADLETTER, SIGNALS, STEPS, TRAJECTOR
 from coevolve.streams import rules
 from coevolve.streams.worker.attempts import AttemptBatch, step_key
 from coevolve.streams.worker.config import StreamsConfig
-from coevolve.streams.worker.faust_compat import (PRODUCER_BATCH_BYTES, exact_highwaters, send_confirmed,
-                                                  shorten_fetch_wait, write_under)
+from coevolve.streams.worker.faust_compat import (PRODUCER_BATCH_BYTES, ConfirmedTable, confirm_writes,
+                                                  exact_highwaters, send_confirmed, shorten_fetch_wait,
+                                                  write_under)
 from coevolve.streams.worker.metrics import Metrics
 from coevolve.streams.worker.rare import RareBatch
 
@@ -54,7 +55,8 @@ def new_app(cfg: StreamsConfig) -> faust.App:
         web_enabled=False, topic_partitions=PARTITIONS, topic_replication_factor=cfg.replication_factor,
         table_standby_replicas=0,
         consumer_auto_offset_reset="earliest", producer_acks=-1, topic_allow_declare=False,
-        producer_max_batch_size=PRODUCER_BATCH_BYTES, producer_linger_ms=2, **FAUST_GROUP_TIMEOUTS_S)
+        producer_max_batch_size=PRODUCER_BATCH_BYTES, producer_linger_ms=2, Table=ConfirmedTable,
+        **FAUST_GROUP_TIMEOUTS_S)
     exact_highwaters(app, cfg.kafka_bootstrap)
     return app
 
@@ -154,6 +156,7 @@ def add_attempt_agent(app: faust.App, cfg: StreamsConfig, metrics: Metrics, topi
             await send_confirmed(app, out.sends)
             write_under(task_to_attempts, batch.writes)
             write_under(partition_to_markers, batch.marker_writes())
+            await confirm_writes(task_to_attempts, partition_to_markers)
             for outcome, n in batch.outcomes.items():
                 metrics.trajectories.labels(outcome).inc(n)
             metrics.batch_seconds.labels("attempts").observe(time.perf_counter() - started)
@@ -210,6 +213,7 @@ def add_step_agents(app: faust.App, cfg: StreamsConfig, metrics: Metrics, topics
             out.signals(batch.raised, int(now * 1000))
             await send_confirmed(app, out.sends)
             write_under(step_to_counts, batch.writes)
+            await confirm_writes(step_to_counts)
             for stage, n in batch.closed.items():
                 metrics.steps.labels(stage).inc(n)
             metrics.batch_seconds.labels("rare").observe(time.perf_counter() - started)
