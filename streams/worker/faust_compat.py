@@ -11,9 +11,10 @@
   of `take_events` mixes partitions.
 - `confirm_writes` (tables of class `ConfirmedTable`): Faust flushes its producer before it commits
   offsets, but that flush returns once 0.1 s passes without a send, so on a loaded machine it
-  committed offsets whose events' table writes were still buffered; a worker killed then lost those
-  writes for good (a step's rare counts stayed short of its trajectory count: it never closed by
-  count). The agents wait for their changelog records before their events are acknowledged.
+  committed offsets whose events' table writes were still buffered; a worker killed (or a table
+  recovered in a rebalance) then lost those writes for good (a step's rare counts stayed short of its
+  trajectory count: it never closed by count). The agents wait for their changelog records before
+  their events are acknowledged.
 - `send_confirmed`: sends through the app's producer and waits for every acknowledgement.
 """
 from __future__ import annotations
@@ -49,7 +50,7 @@ def shorten_fetch_wait(app: faust.App, ms: int) -> None:
 
 
 class ConfirmedTable(faust.Table):
-    """A table that keeps the futures of its changelog records until `write_confirmed` awaits them."""
+    """A table that keeps the futures of its changelog records until `confirm_writes` awaits them."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
