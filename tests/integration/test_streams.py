@@ -124,7 +124,11 @@ class SignalReader:
                     counters, progress = moved, now
             waited = now - (begin if cap_s is None else progress)
             if waited > timeout_s or (cap_s is not None and now - begin > cap_s):
-                raise AssertionError("\n".join([self.missing(expected), explain(), *(w.report() for w in workers)]))
+                try:
+                    why = explain()
+                except Exception as exc:  # a failing explanation must not hide what is missing
+                    why = f"explain() failed: {exc!r}"
+                raise AssertionError("\n".join([self.missing(expected), why, *(w.report() for w in workers)]))
             arrived = [item.event for item in self.consumer.poll(0.2)]
             if cap_s is not None and {m["event_id"] for m in arrived} & expected.keys():
                 progress = now
