@@ -8,9 +8,9 @@ Topics (internal ones are prefixed by the app id and co-partitioned with the tra
   partition, and the step's trajectory count to the counts topic.
 - `<app>-step-counts`, keyed by step (the group_by of pattern keys) -> `raise_rare_signals`, table
   `step_to_counts`: rare, closed by count or by the grace period (`rare.RareBatch`).
-Every send of a batch is confirmed before its table writes, so a killed worker re-emits (same ids)
-rather than loses. Undecodable or invalid input goes to `coevolve.deadletter` with its reason. Faust's
-quirks on this broker are in faust_compat.py.
+Every send of a batch is confirmed before its table writes, and those before its events are
+acknowledged, so a killed worker re-emits (same ids) rather than loses. Undecodable or invalid input
+goes to `coevolve.deadletter` with its reason. Faust's quirks on this broker are in faust_compat.py.
 """
 from __future__ import annotations
 
@@ -28,8 +28,9 @@ from coevolve.services.kafka.topics import DEADLETTER, SIGNALS, STEPS, TRAJECTOR
 from coevolve.streams import rules
 from coevolve.streams.worker.attempts import AttemptBatch, step_key
 from coevolve.streams.worker.config import StreamsConfig
-from coevolve.streams.worker.faust_compat import (PRODUCER_BATCH_BYTES, exact_highwaters, send_confirmed,
-                                                  shorten_fetch_wait, write_under)
+from coevolve.streams.worker.faust_compat import (PRODUCER_BATCH_BYTES, ConfirmedTable, confirm_writes,
+                                                  exact_highwaters, send_confirmed, shorten_fetch_wait,
+                                                  write_under)
 from coevolve.streams.worker.metrics import Metrics
 from coevolve.streams.worker.rare import RareBatch
 
@@ -54,7 +55,8 @@ def new_app(cfg: StreamsConfig) -> faust.App:
         web_enabled=False, topic_partitions=PARTITIONS, topic_replication_factor=cfg.replication_factor,
         table_standby_replicas=0,
         consumer_auto_offset_reset="earliest", producer_acks=-1, topic_allow_declare=False,
-        producer_max_batch_size=PRODUCER_BATCH_BYTES, producer_linger_ms=2, **FAUST_GROUP_TIMEOUTS_S)
+        producer_max_batch_size=PRODUCER_BATCH_BYTES, producer_linger_ms=2, Table=ConfirmedTable,
+        **FAUST_GROUP_TIMEOUTS_S)
     exact_highwaters(app, cfg.kafka_bootstrap)
     return app
 
@@ -154,6 +156,7 @@ def add_attempt_agent(app: faust.App, cfg: StreamsConfig, metrics: Metrics, topi
             await send_confirmed(app, out.sends)
             write_under(task_to_attempts, batch.writes)
             write_under(partition_to_markers, batch.marker_writes())
+            await confirm_writes(task_to_attempts, partition_to_markers)
             for outcome, n in batch.outcomes.items():
                 metrics.trajectories.labels(outcome).inc(n)
             metrics.batch_seconds.labels("attempts").observe(time.perf_counter() - started)
@@ -177,7 +180,7 @@ def add_step_agents(app: faust.App, cfg: StreamsConfig, metrics: Metrics, topics
     @app.agent(topics["steps"])
     async def forward_steps(stream):
         async for events in stream.take_events(cfg.batch_size, cfg.batch_within_s):
-            out = Emitter(topics, metrics)
+            out, forwarded = Emitter(topics, metrics), 0
             for ev in events:
                 event = out.decode(ev, "StepCompleted")
                 try:
@@ -187,7 +190,9 @@ def add_step_agents(app: faust.App, cfg: StreamsConfig, metrics: Metrics, topics
                     continue
                 if completed:
                     _forward(out, *completed)
+                    forwarded += 1
             await send_confirmed(app, out.sends)
+            metrics.steps.labels("forwarded").inc(forwarded)
 
     @app.agent(topics["counts"])
     async def raise_rare_signals(stream):
@@ -208,6 +213,9 @@ def add_step_agents(app: faust.App, cfg: StreamsConfig, metrics: Metrics, topics
             out.signals(batch.raised, int(now * 1000))
             await send_confirmed(app, out.sends)
             write_under(step_to_counts, batch.writes)
+            await confirm_writes(step_to_counts)
+            for stage, n in batch.closed.items():
+                metrics.steps.labels(stage).inc(n)
             metrics.batch_seconds.labels("rare").observe(time.perf_counter() - started)
 
     @app.timer(cfg.tick_s)

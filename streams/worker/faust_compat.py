@@ -9,6 +9,12 @@
   to change it; Tansu holds an empty fetch for that long even when data arrives.
 - `write_under`: Faust picks a table write's changelog partition from the current event, and a batch
   of `take_events` mixes partitions.
+- `confirm_writes` (tables of class `ConfirmedTable`): Faust flushes its producer before it commits
+  offsets, but that flush returns once 0.1 s passes without a send, so on a loaded machine it
+  committed offsets whose events' table writes were still buffered; a worker killed (or a table
+  recovered in a rebalance) then lost those writes for good (a step's rare counts stayed short of its
+  trajectory count: it never closed by count). The agents wait for their changelog records before
+  their events are acknowledged.
 - `send_confirmed`: sends through the app's producer and waits for every acknowledgement.
 """
 from __future__ import annotations
@@ -43,6 +49,19 @@ def shorten_fetch_wait(app: faust.App, ms: int) -> None:
         fetcher._fetch_max_wait_ms = ms
 
 
+class ConfirmedTable(faust.Table):
+    """A table that keeps the futures of its changelog records until `confirm_writes` awaits them."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.unconfirmed: list[asyncio.Future] = []
+
+    def send_changelog(self, *args, **kwargs):
+        fut = super().send_changelog(*args, **kwargs)
+        self.unconfirmed.append(fut)
+        return fut
+
+
 def write_under(table, writes: dict) -> None:
     """Write each key once, as if under its (event, value) pair's event, so its changelog record goes
     to that event's partition."""
@@ -52,6 +71,17 @@ def write_under(table, writes: dict) -> None:
             table[key] = value
         finally:
             _current_event.reset(token)
+
+
+async def confirm_writes(*tables: ConfirmedTable) -> None:
+    """Wait until the broker has confirmed the tables' changelog records written so far: a batch's
+    events are then acknowledged (their offsets committable) only once their state is stored."""
+    futures = []
+    for table in tables:
+        futures += table.unconfirmed
+        table.unconfirmed = []
+    if futures:
+        await asyncio.gather(*futures)
 
 
 async def send_confirmed(app: faust.App, sends: list) -> None:

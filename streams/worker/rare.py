@@ -25,6 +25,7 @@ class RareBatch:
         self.table, self.open_steps, self.indexed_at = table, open_steps, indexed_at
         self.writes: dict[str, tuple] = {}  # key -> (token, state)
         self.raised: list[Signal] = []
+        self.closed = {"closed_by_count": 0, "closed_by_grace": 0}  # steps this batch closed, by how
 
     def tick(self, p: int, token) -> None:
         """Close the partition's open steps whose grace period has passed."""
@@ -40,6 +41,7 @@ class RareBatch:
                 self.writes[key] = (token, state)
                 self.raised.extend(rules.close_step(state, state["run_id"], state["step"], self.th, True, self.limits))
                 self.open_steps[p].discard(key)
+                self.closed["closed_by_grace"] += 1
 
     def add(self, p: int, token, body: dict) -> None:
         """Count a step's message: its trajectory count ("completed") or pattern keys ("counts")."""
@@ -61,6 +63,7 @@ class RareBatch:
         if rules.step_complete(state):
             self.raised.extend(rules.close_step(state, run_id, step, self.th, False, self.limits))
             self.open_steps[p].discard(key)
+            self.closed["closed_by_count"] += 1
         else:
             self.open_steps[p].add(key)
 

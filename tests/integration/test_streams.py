@@ -5,6 +5,7 @@ with `coevolve replay` of the same log from the topics.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -17,6 +18,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from kafka import KafkaConsumer, TopicPartition
 
 from coevolve.schemas import default_registry
 from coevolve.services.kafka.consumer import EventConsumer
@@ -26,6 +28,7 @@ from coevolve.services.kafka.topics import DEADLETTER, SIGNALS, STEPS, TRAJECTOR
 from coevolve.services.simulate import SimulationConfig, Simulator
 from coevolve.streams.replay.engine_python import replay_topics
 from coevolve.streams.rules import Signal
+from coevolve.streams.worker.app import internal_topics
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 REGISTRY = default_registry()
@@ -86,7 +89,12 @@ class Worker:
                 text = resp.read().decode()
         except OSError as exc:
             return f"no /metrics: {exc}"
-        return " ".join(line for line in text.splitlines() if line.startswith("signals_") and "_total{" in line)
+        return " ".join(line for line in text.splitlines()
+                        if line.startswith("signals_") and line.split("{")[0].endswith("_total"))
+
+    def report(self) -> str:
+        """Its counters and the tail of its log, for failure messages."""
+        return f"{self.log.name}: alive={self.alive()} {self.metrics()}\n{self.log.read_text()[-2500:]}"
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -99,17 +107,43 @@ class SignalReader:
         self.consumer = EventConsumer(bootstrap, [SIGNALS.name], service="test")
         self.messages: list[dict] = []
 
-    def until(self, expected: dict[str, dict], timeout_s: float, workers=()) -> None:
-        deadline = time.monotonic() + timeout_s
+    def until(self, expected: dict[str, dict], timeout_s: float, workers=(), cap_s: float | None = None,
+              explain=lambda: "") -> None:
+        """Read until every expected signal has come. Fail after `timeout_s` or, with `cap_s`, after
+        `timeout_s` without progress (a new expected signal, or a worker counter that moved) or `cap_s`
+        in all; the failure says what is missing, `explain()`, and each worker's counters and log tail."""
+        begin = progress = checked = time.monotonic()
+        counters = [w.metrics() for w in workers]
         while not expected.keys() <= {m["event_id"] for m in self.messages}:
             for w in workers:
                 assert w.alive(), f"worker died: {w.log.read_text()[-3000:]}"
-            if time.monotonic() > deadline:
-                missing = [expected[k] for k in expected.keys() - {m["event_id"] for m in self.messages}]
-                raise AssertionError(f"{len(missing)} of {len(expected)} signals missing: " + ", ".join(
-                    f"{s['type']} step {s['step']} {s['subject']}" for s in missing[:10]))
-            self.messages += [item.event for item in self.consumer.poll(0.2)]
+            now = time.monotonic()
+            if cap_s is not None and now - checked >= 5:
+                checked, moved = now, [w.metrics() for w in workers]
+                if moved != counters:
+                    counters, progress = moved, now
+            waited = now - (begin if cap_s is None else progress)
+            if waited > timeout_s or (cap_s is not None and now - begin > cap_s):
+                try:
+                    why = explain()
+                except Exception as exc:  # a failing explanation must not hide what is missing
+                    why = f"explain() failed: {exc!r}"
+                raise AssertionError("\n".join([self.missing(expected), why, *(w.report() for w in workers)]))
+            arrived = [item.event for item in self.consumer.poll(0.2)]
+            if cap_s is not None and {m["event_id"] for m in arrived} & expected.keys():
+                progress = now
+            self.messages += arrived
         self.messages += [item.event for item in self.consumer.drain(idle_s=2.0)]  # anything extra
+
+    def missing(self, expected: dict[str, dict]) -> str:
+        """How many expected signals have not come, by kind and step, and the first ten."""
+        missing = [expected[k] for k in expected.keys() - {m["event_id"] for m in self.messages}]
+        kinds: dict[str, set[int]] = {}
+        for s in missing:
+            kinds.setdefault(s["type"], set()).add(s["step"])
+        return (f"{len(missing)} of {len(expected)} signals missing: " + ", ".join(
+            f"{s['type']} step {s['step']} {s['subject']}" for s in missing[:10])
+            + "; by kind, steps: " + "; ".join(f"{k} {sorted(v)}" for k, v in sorted(kinds.items())))
 
     def by_id(self) -> dict[str, dict]:
         out: dict[str, dict] = {}
@@ -117,6 +151,31 @@ class SignalReader:
             form = Signal.from_record(m).to_json()
             assert out.setdefault(m["event_id"], form) == form, "one id, two different signals"
         return out
+
+
+def step_counts(bootstrap: str, app_id: str, events: list) -> str:
+    """What the rare agent's input topic holds: the steps whose completed count was forwarded, and those
+    with fewer distinct trajectories counted than their step claims (for failure messages)."""
+    topic = internal_topics(app_id)["counts"]
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    tps = [TopicPartition(topic.name, p) for p in range(topic.partitions)]
+    consumer.assign(tps)
+    consumer.seek_to_beginning(*tps)
+    ends = consumer.end_offsets(tps)
+    forwarded, counted, deadline = set(), {}, time.monotonic() + 20
+    while any(consumer.position(tp) < ends[tp] for tp in tps) and time.monotonic() < deadline:
+        for records in consumer.poll(200).values():
+            for r in records:
+                body = json.loads(r.value)
+                if body["kind"] == "completed":
+                    forwarded.add(body["step"])
+                elif body["kind"] == "counts":
+                    counted.setdefault(body["step"], set()).update(item[0] for item in body["items"])
+    consumer.close()
+    claimed = {e["step"]: e["trajectory_count"] for _t, _k, n, e in events if n == "StepCompleted"}
+    short = {step: (len(counted.get(step, ())), n) for step, n in claimed.items() if len(counted.get(step, ())) < n}
+    return (f"{topic.name}: completed counts forwarded for steps {sorted(forwarded)} of {sorted(claimed)}; "
+            f"steps with fewer trajectories counted than claimed (counted, claimed): {short}")
 
 
 def assert_same(live: dict[str, dict], expected: dict[str, dict]) -> None:
@@ -212,7 +271,8 @@ def test_killed_worker_restarted_mid_stream_yields_the_same_signals(bootstrap, w
         time.sleep(3)
         workers[0].start()
         expected = expected_from_replay(bootstrap)
-        reader.until(expected, 240, workers)  # Tansu may hold a killed member's rejoin ~100 s
+        # Tansu may hold a killed member's rejoin ~100 s; a slow machine keeps making progress meanwhile
+        reader.until(expected, 240, workers, cap_s=420, explain=lambda: step_counts(bootstrap, app_id, events))
         assert_same(reader.by_id(), expected)  # none lost, none different; a redelivered one has the same id
     finally:
         for w in workers:

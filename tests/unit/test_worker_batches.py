@@ -28,6 +28,7 @@ class Worker:
         self.last_seen, self.candidates = {}, {}
         self.open_steps, self.indexed_at = defaultdict(set), {}
         self.raised: list[rules.Signal] = []
+        self.closed = {"closed_by_count": 0, "closed_by_grace": 0}
         self.now = 1000.0
 
     def attempts(self, messages: list[tuple[str, dict]]) -> None:
@@ -62,6 +63,7 @@ class Worker:
             else:
                 batch.add(0, "token", body)
         self.raised += batch.raised
+        self.closed = {how: n + batch.closed[how] for how, n in self.closed.items()}
         self.steps.update({k: _wire(v) for k, (_t, v) in batch.writes.items()})
 
 
@@ -81,7 +83,7 @@ def _log(seed: int) -> list[tuple[str, dict]]:
     return out
 
 
-def _live(log: list[tuple[str, dict]], th: rules.Thresholds, batch_size: int) -> dict[str, dict]:
+def _live(log: list[tuple[str, dict]], th: rules.Thresholds, batch_size: int) -> Worker:
     worker = Worker(th)
     for i in range(0, len(log), batch_size):
         worker.attempts(log[i:i + batch_size])
@@ -89,7 +91,16 @@ def _live(log: list[tuple[str, dict]], th: rules.Thresholds, batch_size: int) ->
     worker.attempts([("tick", {})])
     worker.now += 121  # steps short of their trajectory count close after the grace period, incomplete
     worker.rare([{"kind": "tick"}])
-    return {s.id: s.to_json() for s in worker.raised}
+    return worker
+
+
+def _short_steps(log: list[tuple[str, dict]]) -> set[int]:
+    """The steps with fewer valid distinct trajectories than their completed-step event claims."""
+    valid: dict[int, set[str]] = defaultdict(set)
+    for name, e in log:
+        if name == "TrajectoryRecorded" and e["score"] == e["score"]:  # NaN is invalid
+            valid[e["step"]].add(e["event_id"])
+    return {e["step"] for n, e in log if n == "StepCompleted" and len(valid[e["step"]]) < e["trajectory_count"]}
 
 
 def test_batches_raise_what_the_replay_computes():
@@ -97,7 +108,21 @@ def test_batches_raise_what_the_replay_computes():
         log = _log(seed)
         expected = {s.id: s.to_json() for s in replay_signals(log, th)}
         assert {s["type"] for s in expected.values()} == set(rules.KINDS)
-        assert _live(log, th, batch_size) == expected
+        worker = _live(log, th, batch_size)
+        assert {s.id: s.to_json() for s in worker.raised} == expected
+        steps, short = sum(n == "StepCompleted" for n, _e in log), len(_short_steps(log))
+        assert worker.closed == {"closed_by_count": steps - short, "closed_by_grace": short}
+
+
+def test_steps_with_every_trajectory_close_by_count_and_short_ones_by_grace():
+    log = [(n, e) for _t, _k, n, e in Simulator(SimulationConfig(steps=6, seed=4)).events()
+           if n in ("TrajectoryRecorded", "StepCompleted")]
+    first = next(e for n, e in log if n == "TrajectoryRecorded")
+    log = [(n, e) for n, e in log if e is not first]  # its step stays one short
+    worker = _live(log, rules.Thresholds(), 100)
+    assert _short_steps(log) == {first["step"]}
+    assert worker.closed == {"closed_by_count": 5, "closed_by_grace": 1}
+    assert {s.incomplete for s in worker.raised if s.kind == "rare" and s.step == first["step"]} == {True}
 
 
 def test_a_marker_waits_for_the_next_step_or_the_idle_partition():
