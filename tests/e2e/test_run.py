@@ -54,8 +54,8 @@ def test_smoke_runs_every_stage_and_its_summary_agrees_with_the_broker(tmp_path,
     assert steps == [1, 2, 3] and summary["steps"] == 3 and summary["state"] == "completed"
     trajectories = events["TrajectoryRecorded"]
     assert len(trajectories) == summary["trajectories"] == sum(e["trajectory_count"] for e in events["StepCompleted"])
-    assert Counter(t["step"] for t in trajectories) == {1: 4, 2: 4, 3: 4}  # B = 2 tasks x K = 2 rollouts
-    assert all(t["group_size"] == 2 for t in trajectories)
+    assert Counter(t["step"] for t in trajectories) == {1: 8, 2: 8, 3: 8}  # B = 2 tasks x K = 4 rollouts
+    assert all(t["group_size"] == 4 for t in trajectories)
     for step in events["StepCompleted"]:
         assert f"step {step['step']}/3" in done.stdout
 
