@@ -129,7 +129,7 @@ def train(base: Path, out: Path, warm: WarmupConfig, grpo: GRPOConfig, tasks: Se
                            "there is nothing to warm up on; set learner.warmup_steps=0 or add scored tasks")
     torch.manual_seed(grpo.seed)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    if grpo.gradient_checkpointing:
+    if grpo.gradient_checkpointing and not warm.warmup_window:  # windows are short
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=warm.warmup_lr, weight_decay=0.0)
