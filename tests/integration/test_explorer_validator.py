@@ -108,6 +108,17 @@ def _assert_replays(verdicts: list[dict]) -> int:
     return len(ran)
 
 
+def _validate_and_check(bootstrap: str, tmp_path: Path, explorations: list[dict]) -> None:
+    """Run the validator over the explorations; every group gets one verdict or dead letter, and every
+    task whose reference ran replays."""
+    _run("validator", bootstrap, [*MODEL, "--metrics-port", "-1", "--rounds-per-group", "2", "--group-id",
+                                  "validator"], tmp_path / "validator.log", env=ONE_ATTEMPT)
+    verdicts = _read(bootstrap, TASKS.name)
+    dead = [d for d in _read(bootstrap, DEADLETTER.name) if d["service"] == "validator"]
+    _assert_one_verdict_per_group(explorations, verdicts, dead)
+    _assert_replays(verdicts)
+
+
 def test_guided_reflections_that_never_parse_are_dead_lettered_then_the_fallback_explores(bootstrap, tmp_path):
     _publish_period(bootstrap)
     _run("explorer", bootstrap, [*MODEL, *FAST, "--runs", "2", "--calls-per-run", "2", "--signals-per-step",
@@ -124,12 +135,7 @@ def test_guided_reflections_that_never_parse_are_dead_lettered_then_the_fallback
     assert {e["strategy"] for e in explorations} == {"random-fallback"}
     assert all(e["tuples"] and e["signal_id"] is None and e["step"] == 4 for e in explorations)
 
-    _run("validator", bootstrap, [*MODEL, "--metrics-port", "-1", "--rounds-per-group", "2", "--group-id",
-                                  "validator"], tmp_path / "validator.log", env=ONE_ATTEMPT)
-    verdicts = _read(bootstrap, TASKS.name)
-    validator_dead = [d for d in _read(bootstrap, DEADLETTER.name) if d["service"] == "validator"]
-    _assert_one_verdict_per_group(explorations, verdicts, validator_dead)
-    _assert_replays(verdicts)
+    _validate_and_check(bootstrap, tmp_path, explorations)
 
 
 def test_random_explorations_reach_the_validator_and_each_proposal_gets_one_verdict(bootstrap, tmp_path):
@@ -140,12 +146,7 @@ def test_random_explorations_reach_the_validator_and_each_proposal_gets_one_verd
     assert len(explorations) == 4 and len({e["event_id"] for e in explorations}) == 4
     assert {e["strategy"] for e in explorations} == {"random"} and all(e["tuples"] for e in explorations)
 
-    _run("validator", bootstrap, [*MODEL, "--metrics-port", "-1", "--rounds-per-group", "2", "--group-id",
-                                  "validator"], tmp_path / "validator.log", env=ONE_ATTEMPT)
-    verdicts = _read(bootstrap, TASKS.name)
-    dead = [d for d in _read(bootstrap, DEADLETTER.name) if d["service"] == "validator"]
-    _assert_one_verdict_per_group(explorations, verdicts, dead)
-    _assert_replays(verdicts)
+    _validate_and_check(bootstrap, tmp_path, explorations)
 
 
 def _committed_all(bootstrap: str, group: str) -> bool:
