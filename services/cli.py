@@ -494,6 +494,8 @@ def learner(
     base_url: Optional[str] = BaseUrlOpt,
     max_new_tokens: Optional[int] = MaxTokensOpt,
     metrics_port: Optional[int] = MetricsPortOpt, metrics_host: Optional[str] = MetricsHostOpt,
+    policy_only: bool = typer.Option(False, "--policy-only", help="Print the starting policy's model (the "
+                                     "warmed one, trained first if needed) and exit; no broker needed."),
 ) -> None:
     """Train the agent with GRPO on the seed tasks and the loop's validated tasks; publish every step.
 
@@ -517,6 +519,9 @@ def learner(
         service = Learner(cfg, grpo, sampler, backend_cfg, limits, sampling.max_new_tokens, warmup=warmup)
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from None
+    if policy_only:
+        print(service.starting_policy(), flush=True)
+        return
     service.serve_until_signalled()
     print(f"learner {service.run_id} completed step {service.done} of {cfg.steps}", flush=True)
 

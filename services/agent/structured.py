@@ -117,21 +117,27 @@ def check_json(text: str, schema: dict[str, Any]) -> tuple[Any, str | None]:
     return (parsed.value, None) if parsed.ok else (None, parsed.reason)
 
 
-def generate_json(backend: Backend, conversations: Sequence[Sequence[Message]], schema: dict[str, Any],
-                  sampling: SamplingConfig, retries: int = 2) -> list[Any | StructuredOutputError]:
-    """One schema-valid value per conversation, or the error saying why every attempt failed."""
-    jsonschema.Draft202012Validator.check_schema(schema)
+def generate_json(backend: Backend, conversations: Sequence[Sequence[Message]],
+                  schema: dict[str, Any] | Sequence[dict[str, Any]], sampling: SamplingConfig,
+                  retries: int = 2) -> list[Any | StructuredOutputError]:
+    """One schema-valid value per conversation, or the error saying why every attempt failed; `schema`
+    is one for all conversations or a list with one per conversation."""
+    schemas = [schema] * len(conversations) if isinstance(schema, Mapping) else list(schema)
+    if len(schemas) != len(conversations):
+        raise ValueError(f"{len(schemas)} schemas for {len(conversations)} conversations")
+    for each in schemas:
+        jsonschema.Draft202012Validator.check_schema(each)
     results: list[Any] = [None] * len(conversations)
     attempts: list[list[tuple[str, str]]] = [[] for _ in conversations]
     pending = list(range(len(conversations)))
     for _ in range(retries + 1):
         if not pending:
             break
-        completions = backend.generate([Request(messages=conversations[i], json_schema=schema) for i in pending],
-                                       sampling)
+        completions = backend.generate([Request(messages=conversations[i], json_schema=schemas[i])
+                                        for i in pending], sampling)
         still = []
         for i, completion in zip(pending, completions):
-            value, reason = (None, completion.error) if completion.error else check_json(completion.text, schema)
+            value, reason = (None, completion.error) if completion.error else check_json(completion.text, schemas[i])
             if reason is None:
                 results[i] = value
             else:

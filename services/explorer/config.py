@@ -37,8 +37,9 @@ class ExplorerConfig:
     calls_per_run: int = doc(8, "S: most tool calls in one exploration run.")
     random_seed: int = doc(0, "Seed of the random strategy; the same seed gives the same calls.")
     parse_attempts: int = doc(3, "Model answers tried per reflection before the signal is dead-lettered.")
-    fallback_tasks: int = doc(0, "When a period closes with no signal explored, explore this many seed train "
-                                 "tasks by the random strategy, recorded as random-fallback (0: off).")
+    fallback_tasks: int = doc(0, "When a period's exploration finds no call that succeeds (no signal explored, "
+                                 "or only failing calls), also explore this many seed train tasks by the "
+                                 "random strategy, recorded as random-fallback (0: off).")
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:

@@ -19,7 +19,7 @@ from coevolve.services.envs import bfcl_data
 from coevolve.services.envs.base import Task
 from coevolve.services.explorer.config import FALLBACK, ExplorerConfig
 from coevolve.services.explorer.planning import Cluster, Plan, pick_random_tasks
-from coevolve.services.explorer.random_strategy import ExplorationRun, explore_randomly
+from coevolve.services.explorer.random_strategy import ExplorationRun, explore_randomly, is_error_observation
 from coevolve.services.explorer.records import exploration_record
 from coevolve.services.explorer.reflection import (context_schema, exploration_task, parse_context,
                                                    reflection_messages)
@@ -122,15 +122,22 @@ def explore_plan(plan: Plan, backend, config: ExplorerConfig, sampling: Sampling
                  model: str, task_ids: list[str], limits: EpisodeLimits | None = None,
                  json_sampling: SamplingConfig | None = None) -> Outcome:
     """Explore one closed period by the configured strategy (`limits` bound each run's context, and
-    reflections use `json_sampling`, by default `sampling`); when that explores nothing,
-    `fallback_tasks` seed tasks by the random strategy (`random-fallback`)."""
+    reflections use `json_sampling`, by default `sampling`); when that finds no call that succeeds
+    (nothing explored, or only failing calls), also `fallback_tasks` seed tasks by the random strategy
+    (`random-fallback`), so the validator has something to build a task from."""
     out = Outcome()
     if config.strategy == "random" and plan.gathered:
         _random(plan, config, budget, task_ids, out, config.signals_per_step, "random")
     elif config.strategy != "random":
         _guided(plan, backend, config, sampling, budget, limits or EpisodeLimits(), model, out,
                 json_sampling or sampling)
-    if config.fallback_tasks and not out.records:
+    if config.fallback_tasks and not _found(out.records):
+        explored = len(out.records)
         _random(plan, config, budget, task_ids, out, config.fallback_tasks, FALLBACK)
-        out.fell_back = bool(out.records)
+        out.fell_back = len(out.records) > explored
     return out
+
+
+def _found(records: list[dict[str, Any]]) -> bool:
+    """Whether any explored call succeeded."""
+    return any(not is_error_observation(t["observation"]) for r in records for t in r["tuples"])

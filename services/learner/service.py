@@ -98,9 +98,7 @@ class Learner(Service):
         from coevolve.services.agent.backends import make_backend
         from coevolve.services.kafka.producer import EventProducer
 
-        self.pool = self._pool()
-        if self.warmup.warmup_steps:
-            self._warm_up()
+        self.starting_policy()
         self.backend = make_backend(self.backend_cfg)
         self.engine = self._engine()
         if self.resumed is not None:
@@ -130,6 +128,14 @@ class Learner(Service):
         if self.cfg.seed_tasks:
             seeds = seeds[:self.cfg.seed_tasks]
         return TaskPool(seeds, self.sampler_cfg, seed=self.grpo.seed)
+
+    def starting_policy(self) -> str:
+        """The model the first rollouts come from: the warmed one (trained here on first use) when the
+        warm-up is on, else the configured model. No broker and no engine needed."""
+        self.pool = self.pool or self._pool()
+        if self.warmup.warmup_steps:
+            self._warm_up()
+        return self.backend_cfg.model
 
     def _warm_up(self) -> None:
         """Roll out and train from the warmed model (trained here on first use, cached after)."""

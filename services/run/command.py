@@ -32,6 +32,9 @@ def _session(s: loop.Session, tally: Tally, phases: dict[str, float]) -> str:
     printed: set[int] = set()
     clock = time.monotonic()
     try:
+        loop.prepare_policy(s)
+        phases["warmup"] = time.monotonic() - clock
+        clock = time.monotonic()
         loop.start(s)
         phases["start"] = time.monotonic() - clock
         clock = time.monotonic()

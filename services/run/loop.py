@@ -1,6 +1,7 @@
 """`coevolve run`: start the embedded stack, run the learner to its last step, drain the loop, stop.
 
-Order: broker and topics; the signal worker, archiver, validator and explorer; the learner. The
+Order: broker and topics; the learner's policy (its warm-up, in a process of its own); the signal
+worker, archiver, validator and explorer; the learner. The
 terminal shows a line per training step, read back from the broker (`Tally`); every service writes its
 JSON log to `<workdir>/logs/`. After the last step the run waits until the worker, explorer and
 validator have consumed everything (their committed offsets reach the end of their topics), stops
@@ -10,6 +11,8 @@ its step boundary (it checkpoints) and then everything else; `--resume` picks th
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import time
 import uuid
 from dataclasses import dataclass
@@ -18,7 +21,7 @@ from pathlib import Path
 from coevolve.services.kafka.consumer import EventConsumer
 from coevolve.services.kafka.topics import (CATALOG, EXPLORATIONS, SIGNALS, STEPS, TRAJECTORIES,
                                             create_topics)
-from coevolve.services.run.children import Child, wait_healthy
+from coevolve.services.run.children import Child, ChildFailed, coevolve_command, wait_healthy
 from coevolve.services.run.lag import LagProbe
 from coevolve.services.run.plan import Plan
 from coevolve.services.run.tally import Tally
@@ -43,6 +46,7 @@ class Session:
     bootstrap: str = ""
     children: dict[str, Child] | None = None
     consumer: EventConsumer | None = None
+    policy: str = ""
 
     @property
     def logs(self) -> Path:
@@ -66,15 +70,45 @@ def resolve_run(workdir: Path, plan: Plan, resume: bool, run_id: str | None) -> 
     return run_id
 
 
+def _learner_args(s: Session) -> list[str]:
+    return ["learner", "--bootstrap", s.bootstrap, "--workdir", str(s.workdir / "runs" / s.run_id / "learner"),
+            "--run-id", s.run_id] + (["--resume"] if s.resume else [])
+
+
 def make_children(s: Session) -> dict[str, Child]:
-    """The service processes, each with its preset section as environment variables."""
+    """The service processes, each with its preset section as environment variables (and the learner's
+    policy as the model of those in run.shared_policy)."""
     b, w, state = ["--bootstrap", s.bootstrap], s.workdir, s.workdir / "runs" / s.run_id
-    learner = ["learner", *b, "--workdir", str(state / "learner"), "--run-id", s.run_id] + \
-        (["--resume"] if s.resume else [])
     commands = {"streams": ["streams", "worker", *b, "--datadir", str(state / "streams")],
                 "archiver": ["archiver", *b, "--workdir", str(w)],
-                "validator": ["validator", *b], "explorer": ["explorer", *b], "learner": learner}
-    return {name: Child(name, args, s.plan.env(name), s.logs / f"{name}.log") for name, args in commands.items()}
+                "validator": ["validator", *b], "explorer": ["explorer", *b], "learner": _learner_args(s)}
+    shared = {name: {f"{name.upper()}_MODEL": s.policy} for name in s.plan.run.sharing if s.policy}
+    return {name: Child(name, args, {**s.plan.env(name), **shared.get(name, {})}, s.logs / f"{name}.log")
+            for name, args in commands.items()}
+
+
+def prepare_policy(s: Session) -> None:
+    """Warm the learner's policy up before any service starts (it then has the cores to itself, and the
+    learner finds it cached), and note it for run.shared_policy. Nothing to do without either."""
+    warm = bool(s.plan.value("learner", "warmup_steps", 0))
+    if not (warm or s.plan.run.sharing):
+        return
+    log_path = s.logs / "warmup.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    print(f"preparing the policy{' (supervised warm-up, once per setting)' if warm else ''}: log {log_path}",
+          flush=True)
+    clock = time.monotonic()
+    with open(log_path, "ab") as err:
+        done = subprocess.run([coevolve_command(), "--log-level", "info", *_learner_args(s), "--policy-only"],
+                              stdout=subprocess.PIPE, stderr=err, env={**os.environ, **s.plan.env("learner")},
+                              start_new_session=True)
+    lines = [line.strip() for line in done.stdout.decode(errors="replace").splitlines() if line.strip()]
+    if done.returncode or not lines:
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-15:])
+        raise ChildFailed(f"preparing the policy failed (exit code {done.returncode}); its log is {log_path}:\n{tail}")
+    s.policy = lines[-1]
+    shared = f"; the {' and '.join(s.plan.run.sharing)} act with it" if s.plan.run.sharing else ""
+    print(f"policy {s.policy} ready in {time.monotonic() - clock:.0f} s{shared}", flush=True)
 
 
 def follow(s: Session, tally: Tally, printed: set[int]) -> None:

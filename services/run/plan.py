@@ -33,6 +33,8 @@ SERVICE_CONFIGS: dict[str, tuple[str, ...]] = {
                   "coevolve.services.agent.config:BackendConfig"),
     "archiver": ("coevolve.services.archive.archiver:ArchiverConfig",),
 }
+# Processes that can act with the learner's policy (run.shared_policy).
+SHARABLE = ("explorer", "validator")
 # Set by the run itself for every process; a preset may not override them.
 MANAGED = {"kafka_bootstrap", "metrics_port", "metrics_host", "workdir", "datadir", "run_id", "resume"}
 
@@ -46,10 +48,21 @@ class RunSettings:
     drain_timeout_s: float = doc(300.0, "After the last step, longest wait for the signal worker, explorer and "
                                         "validator to finish what the run produced.")
     quiet_s: float = doc(5.0, "Drained: nothing new on any topic and every consumer caught up for this long.")
+    shared_policy: str = doc("", "Comma-separated processes (explorer, validator) that act with the learner's "
+                                 "starting policy, its warmed model when learner.warmup_steps > 0, instead of "
+                                 "a model of their own.")
+
+    @property
+    def sharing(self) -> tuple[str, ...]:
+        return tuple(n.strip() for n in self.shared_policy.split(",") if n.strip())
 
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise ConfigError(f"run.steps={self.steps} must be at least 1")
+        unknown = set(self.sharing) - set(SHARABLE)
+        if unknown:
+            raise ConfigError(f"run.shared_policy names {', '.join(sorted(unknown))}; only "
+                              f"{' and '.join(SHARABLE)} can act with the learner's policy")
         if min(self.start_timeout_s, self.drain_timeout_s, self.quiet_s) <= 0:
             raise ConfigError("run.start_timeout_s, drain_timeout_s and quiet_s must be positive")
 
@@ -155,6 +168,10 @@ def make_plan(preset: str, overrides: list[str] = ()) -> Plan:
     except TypeError as exc:
         raise ConfigError(f"preset {name!r}: {exc}") from None
     plan = Plan(preset=name, run=run, sections=data)
+    for service in run.sharing:
+        if "model" in data.get(service, {}):
+            raise ConfigError(f"{service}.model and run.shared_policy both choose the {service}'s model; drop "
+                              f"one (--set run.shared_policy= gives the {service} its own)")
     for service in SERVICE_CONFIGS:
         for cls in _classes(service):  # each process would refuse a bad value; refuse it before starting any
             load(cls, service, environ=plan.env(service))

@@ -2,9 +2,10 @@
 
 A group is the exploration runs of one signal cluster on one task (`ExplorationRecorded` events). The
 prompt shows the seed task, the exploration contexts and the explored calls that succeeded; the model
-answers with the involved classes, the user turns (each with its reference calls, taken from those
-explored calls), and optionally a change to the seed's initial state. `parse_proposal` checks the answer;
-`build_task` makes it a `Task` that runs exactly like a seed task.
+answers with the involved classes and the user turns, each with its reference calls. By default
+(`group_schema`) the schema makes every reference call one of those explored calls and the task keeps
+the seed's initial state; free mode lets the model write any call and optionally change the state.
+`parse_proposal` checks an answer; `build_task` makes it a `Task` that runs exactly like a seed task.
 
 `initial_state` is a JSON merge patch (RFC 7386) over the seed task's state, as JSON text: absent or
 empty keeps the seed's state, an object changes only the keys it names (null deletes one). Only the
@@ -34,35 +35,40 @@ CALLS_PER_TURN = 4
 PATCH_CHARS = 1000
 
 
-def task_schema(max_turns: int = 6) -> dict[str, Any]:
+def task_schema(max_turns: int = 6, classes: Sequence[str] | None = None,
+                calls: Sequence[str] | None = None) -> dict[str, Any]:
     """The JSON schema of a proposed task, with at most `max_turns` user turns.
 
     Every string and array is bounded and each turn carries its own calls, so grammar-constrained
     decoding (vLLM) ends in a complete answer whatever the model: a random-weight one fills each string
     to its bound but cannot run on to the token limit inside one, nor give turns and references of
     different counts. The state patch is JSON text for the same reason: a free JSON object has no bound.
+
+    `classes` narrows the involved classes (to the seed task's). With `calls` every reference call is one
+    of them (the explored calls that succeeded) and the task keeps the seed's initial state, the state
+    they succeeded from, so no state patch is asked for: constrained decoding cannot then invent a call.
     """
-    return {
-        "type": "object",
-        "additionalProperties": False,
-        "required": ["involved_classes", "turns"],
-        "properties": {
-            "involved_classes": {"type": "array", "minItems": 1, "maxItems": 4,
-                                 "items": {"enum": sorted(bfcl_data.DOC_FILES)}},
-            "turns": {"type": "array", "minItems": 1, "maxItems": max_turns, "items": {
-                "type": "object", "additionalProperties": False, "required": ["instruction", "reference"],
-                "properties": {
-                    "instruction": {"type": "string", "minLength": 1, "maxLength": INSTRUCTION_CHARS,
-                                    "description": "The user's message at this turn."},
-                    "reference": {"type": "array", "minItems": 1, "maxItems": CALLS_PER_TURN,
-                                  "items": {"type": "string", "minLength": 1, "maxLength": CALL_CHARS},
-                                  "description": "The calls that solve this turn, in BFCL call syntax."},
-                }}},
-            "initial_state": {"type": "string", "maxLength": PATCH_CHARS,
-                              "description": "Optional: a JSON merge patch over the seed task's initial "
-                                             "state, as JSON text; empty or absent keeps the seed's state."},
-        },
+    reference = {"enum": list(calls)} if calls is not None else {
+        "type": "string", "minLength": 1, "maxLength": CALL_CHARS}
+    properties: dict[str, Any] = {
+        "involved_classes": {"type": "array", "minItems": 1, "maxItems": 4,
+                             "items": {"enum": sorted(classes or bfcl_data.DOC_FILES)}},
+        "turns": {"type": "array", "minItems": 1, "maxItems": max_turns, "items": {
+            "type": "object", "additionalProperties": False, "required": ["instruction", "reference"],
+            "properties": {
+                "instruction": {"type": "string", "minLength": 1, "maxLength": INSTRUCTION_CHARS,
+                                "description": "The user's message at this turn."},
+                "reference": {"type": "array", "minItems": 1, "maxItems": CALLS_PER_TURN, "items": reference,
+                              "description": "The calls that solve this turn, in BFCL call syntax."},
+            }}},
     }
+    if calls is None:
+        properties["initial_state"] = {
+            "type": "string", "maxLength": PATCH_CHARS,
+            "description": "Optional: a JSON merge patch over the seed task's initial state, as JSON text; "
+                           "empty or absent keeps the seed's state."}
+    return {"type": "object", "additionalProperties": False, "required": ["involved_classes", "turns"],
+            "properties": properties}
 
 
 def render_tuple(item: Mapping[str, Any]) -> str:
@@ -86,9 +92,20 @@ def successful_calls(explorations: Iterable[Mapping[str, Any]]) -> list[tuple[st
     return list(seen.items())
 
 
+def group_schema(explorations: Sequence[Mapping[str, Any]], seed: Task, max_turns: int = 6,
+                 from_exploration: bool = True) -> dict[str, Any] | None:
+    """The schema of the task proposed from one group: references taken from its explored calls that
+    succeeded (`from_exploration`), or free; None when there is no such call to take one from."""
+    if not from_exploration:
+        return task_schema(max_turns)
+    calls = [call for call, _ in successful_calls(explorations)[:_MAX_CALLS_SHOWN]]
+    return task_schema(max_turns, seed.involved_classes, calls) if calls else None
+
+
 def abstraction_messages(explorations: Sequence[Mapping[str, Any]], seed: Task,
-                         max_turns: int = 6) -> list[dict[str, str]]:
-    """The chat messages asking for a proposed task from one exploration group."""
+                         schema: Mapping[str, Any] | None = None) -> list[dict[str, str]]:
+    """The chat messages asking for a proposed task from one exploration group, answering `schema`
+    (by default the free `task_schema()`)."""
     contexts = sorted({e["context"] for e in explorations if e.get("context")})
     calls = successful_calls(explorations)[:_MAX_CALLS_SHOWN]
     lines = [f"Seed task {seed.task_id}. Tool classes: {', '.join(seed.involved_classes)}.", "Its user turns:"]
@@ -101,13 +118,14 @@ def abstraction_messages(explorations: Sequence[Mapping[str, Any]], seed: Task,
               "task a user would ask, different from the seed task, that the explored calls solve. Each "
               "turn has the user's instruction and its reference: a list of calls in BFCL call syntax, "
               "taken from the explored calls that succeeded. Answer with one JSON object that fits this "
-              "JSON schema, and nothing else:\n" + json.dumps(task_schema(max_turns)))
+              "JSON schema, and nothing else:\n" + json.dumps(schema or task_schema()))
     return [{"role": "system", "content": system}, {"role": "user", "content": "\n".join(lines)}]
 
 
-def parse_proposal(text: str, max_turns: int = 6) -> Parsed:
-    """The proposed task in a model answer, or the precise reason there is none."""
-    return parse_structured(text, task_schema(max_turns))
+def parse_proposal(text: str, schema: Mapping[str, Any] | None = None) -> Parsed:
+    """The proposed task in a model answer (checked against `schema`, by default the free
+    `task_schema()`), or the precise reason there is none."""
+    return parse_structured(text, schema or task_schema())
 
 
 def merge_patch(target: Any, patch: Any) -> Any:

@@ -15,8 +15,8 @@ from coevolve.services.agent.episodes import run_episodes
 from coevolve.services.agent.structured import StructuredOutputError, generate_json
 from coevolve.services.envs import bfcl_data
 from coevolve.services.envs.base import Task
-from coevolve.services.validator.abstraction import (abstraction_messages, build_task, synthesized_task_id,
-                                                     task_schema)
+from coevolve.services.validator.abstraction import (abstraction_messages, build_task, group_schema,
+                                                     synthesized_task_id)
 from coevolve.services.validator.config import ValidatorConfig
 from coevolve.services.validator.novelty import NoveltyIndex
 from coevolve.services.validator.stages import StageOutcome
@@ -42,13 +42,21 @@ def agent_attempt(backend, sampling: SamplingConfig, limits: EpisodeLimits):
 
 
 def propose(backend, groups: Sequence[tuple[Sequence[Mapping[str, Any]], Task]], config: ValidatorConfig,
-            sampling: SamplingConfig) -> list[tuple[dict | None, str]]:
-    """The proposed task of each (group, seed), from one batched generation, or None and why no answer
-    could be used."""
-    conversations = [abstraction_messages(group, seed, config.max_turns) for group, seed in groups]
-    answers = generate_json(backend, conversations, task_schema(config.max_turns), sampling,
-                            retries=config.parse_attempts - 1) if conversations else []
-    return [(None, str(a)) if isinstance(a, StructuredOutputError) else (a, "") for a in answers]
+            sampling: SamplingConfig) -> list[tuple[dict | None, str, str]]:
+    """(proposed task, "", "") for each (group, seed), from one batched generation, or (None, error
+    type, reason) when there is nothing to abstract or no answer could be used."""
+    schemas = [group_schema(group, seed, config.max_turns, config.reference_from_exploration)
+               for group, seed in groups]
+    asked = [i for i, schema in enumerate(schemas) if schema is not None]
+    answers = generate_json(backend, [abstraction_messages(*groups[i], schemas[i]) for i in asked],
+                            [schemas[i] for i in asked], sampling, retries=config.parse_attempts - 1) if asked else []
+    results: list[tuple[dict | None, str, str]] = [
+        (None, "nothing_to_abstract", "no explored call succeeded, so no reference can be taken from the "
+                                      "exploration")] * len(groups)
+    for i, answer in zip(asked, answers):
+        results[i] = (None, "unparseable_proposal", str(answer)) if isinstance(answer, StructuredOutputError) \
+            else (answer, "", "")
+    return results
 
 
 def check_groups(groups: Sequence[Sequence[Mapping[str, Any]]], backend, index: NoveltyIndex,
@@ -66,9 +74,9 @@ def check_groups(groups: Sequence[Sequence[Mapping[str, Any]]], backend, index: 
         except KeyError as exc:
             results[i] = Checked(None, None, "no_seed_task", str(exc.args[0]))
     proposals = propose(backend, [(groups[i], seed) for i, seed in seeded], config, sampling)
-    for (i, seed), (proposal, reason) in zip(seeded, proposals):
+    for (i, seed), (proposal, error_type, reason) in zip(seeded, proposals):
         if proposal is None:
-            results[i] = Checked(None, None, "unparseable_proposal", reason)
+            results[i] = Checked(None, None, error_type, reason)
             continue
         results[i] = _verdict(groups[i], seed, proposal, backend, index, config, limits, attempt_sampling)
     return results  # type: ignore[return-value]

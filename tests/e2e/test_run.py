@@ -59,6 +59,12 @@ def test_smoke_runs_every_stage_and_its_summary_agrees_with_the_broker(tmp_path,
     for step in events["StepCompleted"]:
         assert f"step {step['step']}/3" in done.stdout
 
+    # The policy is warmed before the services start, and the explorer and validator act with it.
+    policy = next(line.split()[1] for line in done.stdout.splitlines() if line.startswith("policy "))
+    assert "-warm-" in policy and summary["wall_seconds"]["warmup"] > 0
+    for name in ("explorer", "validator"):
+        assert f'"model": "{policy}"' in (tmp_path / "logs" / f"{name}.log").read_text()
+
     signals = Counter(e["kind"] for e in events.get("SignalRaised", []))
     assert summary["signals"] == {k: signals.get(k, 0) for k in ("forgetting", "boundary", "rare")}
     assert sum(signals.values()) > 0, summary["signals_silent"]  # the warmed-up policy acts

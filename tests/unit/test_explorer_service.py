@@ -110,7 +110,7 @@ def test_a_period_with_no_signal_explored_falls_back_to_seeded_random_tasks_apar
         assert source != random_source_id("r1", 4, record["task_id"])  # apart from the random strategy's
 
 
-def test_a_step_without_signals_falls_back_and_a_guided_period_that_explored_does_not():
+def test_a_step_without_signals_falls_back_and_a_guided_period_falls_back_only_if_no_call_succeeded():
     config = ExplorerConfig(runs=1, fallback_tasks=1, step_grace_s=0)
     buffer = SignalBuffer(config)
     (empty,) = buffer.step_completed("r1", 7, 0.0)
@@ -120,6 +120,10 @@ def test_a_step_without_signals_falls_back_and_a_guided_period_that_explored_doe
     explored = explore_plan(_plan(config, boundary_signal("s1")), _backend(json.dumps(CONTEXT)), config,
                             SAMPLING, Budget(), "m", ["multi_turn_base_9"], LIMITS)
     assert not explored.fell_back and {r["strategy"] for r in explored.records} == {"signal-guided"}
+    silent = ScriptedBackend(byte_tokenizer(), lambda r: json.dumps(CONTEXT) if r.json_schema else "I cannot.")
+    failed = explore_plan(_plan(config, boundary_signal("s1")), silent, config, SAMPLING, Budget(), "m",
+                          ["multi_turn_base_9"], LIMITS)  # explored, but no call succeeded: fall back too
+    assert failed.fell_back and [r["strategy"] for r in failed.records] == ["signal-guided", "random-fallback"]
     off = dataclasses.replace(config, fallback_tasks=0)
     assert explore_plan(empty, None, off, SAMPLING, Budget(), "", ["multi_turn_base_9"], LIMITS).records == []
 

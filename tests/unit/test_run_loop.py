@@ -1,7 +1,9 @@
-"""A workdir holds many runs: a new `coevolve run` starts a new one, `--resume` continues the latest."""
+"""A workdir holds many runs (a new `coevolve run` starts a new one, `--resume` continues the latest);
+the learner's starting policy is prepared before the services start and shared as configured."""
 import pytest
 
-from coevolve.services.run.loop import resolve_run
+from coevolve.services.run.children import ChildFailed
+from coevolve.services.run.loop import Session, make_children, prepare_policy, resolve_run
 from coevolve.services.run.plan import make_plan
 from coevolve.services.runtime.config import ConfigError
 
@@ -21,3 +23,25 @@ def test_an_explicit_run_id_that_exists_must_be_resumed(tmp_path):
     (tmp_path / "runs" / "mine").mkdir(parents=True)
     with pytest.raises(ConfigError, match="already exists.*--resume"):
         resolve_run(tmp_path, plan, resume=False, run_id="mine")
+
+
+def _session(tmp_path, *overrides: str) -> Session:
+    plan = make_plan("smoke", list(overrides))
+    return Session(plan, tmp_path, resolve_run(tmp_path, plan, resume=False, run_id="r"), False,
+                   bootstrap="127.0.0.1:1")
+
+
+def test_the_processes_sharing_the_policy_get_the_learners_starting_model(tmp_path):
+    s = _session(tmp_path, "learner.warmup_steps=0", "run.shared_policy=validator")
+    prepare_policy(s)  # a real `coevolve learner --policy-only`: no warm-up, so the configured model
+    assert s.policy == "tiny-random"
+    children = make_children(s)
+    assert children["validator"].env["VALIDATOR_MODEL"] == "tiny-random"
+    assert "EXPLORER_MODEL" not in children["explorer"].env
+
+
+def test_a_policy_that_cannot_be_prepared_fails_the_run_with_its_log(tmp_path):
+    s = _session(tmp_path, "learner.model=no-such-model", "learner.warmup_steps=5")
+    with pytest.raises(ChildFailed, match=r"preparing the policy failed \(exit code [1-9].*warmup.log"):
+        prepare_policy(s)
+    assert "no-such-model" in (tmp_path / "logs" / "warmup.log").read_text()

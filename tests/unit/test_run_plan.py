@@ -66,3 +66,14 @@ def test_a_preset_file_of_ones_own_loads(tmp_path):
     mine.write_text("run:\n  steps: 7\nlearner:\n  model: tiny-random\n")
     plan = make_plan(str(mine))
     assert plan.preset == "mine" and plan.run.steps == 7 and plan.env("learner")["LEARNER_MODEL"] == "tiny-random"
+
+
+def test_shared_policy_names_only_the_explorer_or_validator_and_does_not_fight_their_model_setting():
+    assert make_plan("smoke").run.sharing == ("explorer", "validator")
+    assert make_plan("smoke", ["run.shared_policy="]).run.sharing == ()
+    with pytest.raises(ConfigError, match="run.shared_policy names learner; only explorer and validator"):
+        make_plan("smoke", ["run.shared_policy=validator,learner"])
+    with pytest.raises(ConfigError, match="validator.model and run.shared_policy both choose"):
+        make_plan("smoke", ["validator.model=tiny-random"])
+    assert make_plan("smoke", ["validator.model=tiny-random", "run.shared_policy=explorer"]).run.sharing == (
+        "explorer",)

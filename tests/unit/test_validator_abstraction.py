@@ -6,8 +6,9 @@ import pytest
 
 from coevolve.services.envs import bfcl_data
 from coevolve.services.envs.bfcl import score_calls
-from coevolve.services.validator.abstraction import (abstraction_messages, build_task, merge_patch, parse_proposal,
-                                                     successful_calls, synthesized_task_id, task_schema)
+from coevolve.services.validator.abstraction import (abstraction_messages, build_task, group_schema, merge_patch,
+                                                     parse_proposal, successful_calls, synthesized_task_id,
+                                                     task_schema)
 from coevolve.services.validator.groups import ExplorationGroups
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "abstraction"
@@ -65,8 +66,19 @@ def test_recorded_malformed_answers_are_refused_with_a_precise_reason(name, reas
 def test_too_many_turns_are_refused():
     answer = json.dumps({"involved_classes": ["GorillaFileSystem"],
                          "turns": [{"instruction": "ls", "reference": ["ls()"]}] * 3})
-    assert parse_proposal(answer, max_turns=3).ok
-    assert "is too long" in parse_proposal(answer, max_turns=2).reason
+    assert parse_proposal(answer, task_schema(max_turns=3)).ok
+    assert "is too long" in parse_proposal(answer, task_schema(max_turns=2)).reason
+
+
+def test_a_groups_schema_offers_its_explored_calls_that_succeeded_and_the_seeds_classes():
+    schema = group_schema([exploration(), exploration("e1", 1)], SEED)
+    assert schema["properties"]["turns"]["items"]["properties"]["reference"]["items"] == {
+        "enum": ["cd(folder='document')"]}
+    assert schema["properties"]["involved_classes"]["items"] == {"enum": sorted(SEED.involved_classes)}
+    assert group_schema([exploration(tuples=[])], SEED) is None
+    assert group_schema([exploration(tuples=[])], SEED, from_exploration=False) == task_schema()
+    system, _ = abstraction_messages([exploration()], SEED, schema)
+    assert json.dumps(schema) in system["content"]
 
 
 def test_the_initial_state_is_the_seeds_patched_and_the_seed_is_untouched():
@@ -125,5 +137,6 @@ def test_both_answer_schemas_bound_every_string_and_array():
     from coevolve.services.explorer.reflection import CONTEXT_SCHEMA
 
     assert _bounded(task_schema()) == [] and _bounded(CONTEXT_SCHEMA) == []
+    assert _bounded(group_schema([exploration()], SEED)) == []
     assert _bounded({"type": "object", "additionalProperties": False, "properties": {
         "a": {"type": "string"}, "b": {"type": "array", "items": {"type": "string", "maxLength": 3}}}}) == ["$.a", "$.b"]

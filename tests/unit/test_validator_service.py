@@ -20,10 +20,18 @@ PROPOSAL = {"involved_classes": ["GorillaFileSystem"], "turns": [
     {"instruction": "Go into the document folder and make a new folder named drafts there.", "reference": CALLS}]}
 
 
+def _tuple(name: str, arguments: dict, observation: str) -> dict:
+    return {"name": name, "arguments": json.dumps(arguments), "observation": observation, "task_id": SEED.task_id}
+
+
 def _group():
+    """Two random exploration runs; the second also made CALLS, which succeeded."""
     plan = Plan("r1", 2, 2, (), 0, 0, "step")
     runs = explore_randomly(SEED, runs=2, calls=3, seed=0)
-    return [exploration_record(run, plan.run_id, 2, None, None, "random", "", 1) for run in runs]
+    records = [exploration_record(run, plan.run_id, 2, None, None, "random", "", 1) for run in runs]
+    records[1]["tuples"] += [_tuple("cd", {"folder": "document"}, '{"current_working_directory": "document"}'),
+                             _tuple("mkdir", {"dir_name": "drafts"}, "None")]
+    return records
 
 
 def _backend(proposal: str, attempt: str):
@@ -67,9 +75,30 @@ def test_an_attempt_that_scores_zero_rejects_the_task_at_the_dual_pass():
 def test_a_tool_that_does_not_exist_is_rejected_as_malformed_without_an_attempt():
     bad = {**PROPOSAL, "turns": [{**PROPOSAL["turns"][0], "reference": ["teleport(to='document')"]}]}
     backend = _backend(json.dumps(bad), "[ls()]")
-    checked, _ = _check(backend)
+    checked, _ = _check(backend, config=ValidatorConfig(reference_from_exploration=False))
     assert checked.record["stage"] == "well_formed" and "'teleport' is not a tool" in checked.record["reason"]
     assert all(r.json_schema is not None for batch in backend.batches for r in batch)
+
+
+def test_references_come_from_the_explored_calls_that_succeeded_so_an_invented_call_never_parses():
+    invented = {**PROPOSAL, "turns": [{**PROPOSAL["turns"][0], "reference": ["mkdir(dir_name='elsewhere')"]}]}
+    backend = _backend(json.dumps(invented), "[ls()]")
+    checked, _ = _check(backend, config=ValidatorConfig(parse_attempts=1))
+    assert checked.record is None and checked.error_type == "unparseable_proposal"
+    assert "at $.turns[0].reference[0]: \"mkdir(dir_name='elsewhere')\" is not one of" in checked.reason
+    schema = backend.batches[0][0].json_schema
+    assert "initial_state" not in schema["properties"]  # the explored calls succeeded from the seed's state
+    assert set(schema["properties"]["turns"]["items"]["properties"]["reference"]["items"]["enum"]) == {
+        "ls(a=False)", "ls(a=True)", *CALLS}
+
+
+def test_a_group_where_no_explored_call_succeeded_is_dead_lettered_without_asking_the_model():
+    group = _group()
+    for record in group:
+        record["tuples"] = [t for t in record["tuples"] if '"error"' in t["observation"]]
+    backend = _backend(json.dumps(PROPOSAL), "[ls()]")
+    checked = check_group(group, backend, NoveltyIndex([SEED]), ValidatorConfig(), SAMPLING, LIMITS)
+    assert checked.record is None and checked.error_type == "nothing_to_abstract" and backend.batches == []
 
 
 def test_unparseable_abstractions_yield_no_verdict_but_the_reason():
