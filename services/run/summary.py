@@ -1,4 +1,5 @@
-"""`<workdir>/summary.json`: what the run did, read from the events, and why a signal kind stayed silent."""
+"""`<workdir>/summary.json`: what the run did, read from the events, and why a signal kind stayed silent
+or no task was validated."""
 from __future__ import annotations
 
 import dataclasses
@@ -46,6 +47,21 @@ def silent_reasons(tally: Tally, th: Thresholds) -> dict[str, str]:
     return reasons
 
 
+def unvalidated_reason(tally: Tally) -> str | None:
+    """When no task was validated, why: how far the run's proposals and exploration groups got."""
+    if tally.validated:
+        return None
+    groups = {k.split(": ", 1)[1]: n for k, n in tally.deadletters.items() if k.startswith("validator: ")}
+    dead = ", ".join(f"{n} {kind}" for kind, n in sorted(groups.items()))
+    unproposed = f"; exploration groups with no proposal: {dead}" if dead else ""
+    if not tally.verdicts:
+        explored = sum(tally.explorations.values())
+        return f"no task was proposed ({explored} explorations published){unproposed}"
+    stages = Counter(v["stage"] or "unknown" for v in tally.verdicts.values())
+    return (f"all {len(tally.verdicts)} proposed tasks were rejected: "
+            + ", ".join(f"{n} at {stage}" for stage, n in stages.most_common()) + unproposed)
+
+
 def build(tally: Tally, plan_info: dict[str, Any], phases: dict[str, float], th: Thresholds,
           state: str) -> dict[str, Any]:
     """The summary document (see README, "coevolve run")."""
@@ -63,6 +79,7 @@ def build(tally: Tally, plan_info: dict[str, Any], phases: dict[str, float], th:
         "explorations": dict(tally.explorations), "tasks_proposed": len(tally.verdicts),
         "tasks_validated": tally.validated, "tasks_rejected": len(rejected),
         "rejected_by_stage": dict(by_stage), "rejected_by_reason": dict(reasons.most_common(20)),
+        "tasks_silent": unvalidated_reason(tally),
         "pool_size": {s["step"]: s.get("pool_size") for s in steps},
         "pool_synthesized": {s["step"]: s.get("pool_synthesized") for s in steps},
         "train_reward": {s["step"]: s.get("train_reward") for s in steps},

@@ -44,9 +44,30 @@ def _run(workdir: Path, bootstrap: str, *extra: str, timeout: float = 600) -> su
                            *extra], capture_output=True, text=True, timeout=timeout)
 
 
+def _validated_task(run_id: str) -> dict:
+    """A `TaskChecked` the validator's real stages passed (a scripted model proposes and solves it: a
+    tiny policy rarely writes a task it can then solve), as this run's validator would publish it."""
+    from tests.unit.test_validator_service import CALLS, PROPOSAL, _backend, _check
+
+    checked, _ = _check(_backend(json.dumps(PROPOSAL), "[" + ", ".join(CALLS) + "]"))
+    assert checked.record["verdict"] == "validated"
+    return {**checked.record, "run_id": run_id}
+
+
 def test_smoke_runs_every_stage_and_its_summary_agrees_with_the_broker(tmp_path, broker):
-    done = _run(tmp_path, broker)
+    from coevolve.services.kafka.producer import EventProducer
+    from coevolve.services.kafka.topics import TASKS, create_topics
+
+    # A validated task already on coevolve.tasks: the learner's feed takes it in at a step boundary.
+    create_topics(broker)
+    injected = _validated_task("smoke-e2e")
+    producer = EventProducer(broker, client_id="test")
+    producer.send(TASKS.name, injected, key=injected["task_id"])
+    producer.flush()
+    producer.close()
+    done = _run(tmp_path, broker, "--run-id", "smoke-e2e")
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    stdout = done.stdout
     summary = json.loads((tmp_path / "summary.json").read_text())
     events = _events(broker, summary["run_id"])
 
@@ -57,10 +78,10 @@ def test_smoke_runs_every_stage_and_its_summary_agrees_with_the_broker(tmp_path,
     assert Counter(t["step"] for t in trajectories) == {1: 8, 2: 8, 3: 8}  # B = 2 tasks x K = 4 rollouts
     assert all(t["group_size"] == 4 for t in trajectories)
     for step in events["StepCompleted"]:
-        assert f"step {step['step']}/3" in done.stdout
+        assert f"step {step['step']}/3" in stdout
 
     # The policy is warmed before the services start, and the explorer and validator act with it.
-    policy = next(line.split()[1] for line in done.stdout.splitlines() if line.startswith("policy "))
+    policy = next(line.split()[1] for line in stdout.splitlines() if line.startswith("policy "))
     assert "-warm-" in policy and summary["wall_seconds"]["warmup"] > 0
     for name in ("explorer", "validator"):
         assert f'"model": "{policy}"' in (tmp_path / "logs" / f"{name}.log").read_text()
@@ -73,15 +94,17 @@ def test_smoke_runs_every_stage_and_its_summary_agrees_with_the_broker(tmp_path,
     assert summary["explorations"] == dict(explorations) and sum(explorations.values()) > 0
 
     verdicts = {e["task_id"]: e for e in events.get("TaskChecked", []) if e["source"] == "synthesized"}
-    assert summary["tasks_proposed"] == len(verdicts) > 0
+    assert summary["tasks_proposed"] == len(verdicts) and set(verdicts) - {injected["task_id"]}  # the run's own
     validated = sum(v["verdict"] == "validated" for v in verdicts.values())
     assert summary["tasks_validated"] == validated
     assert all(v["stage"] for v in verdicts.values() if v["verdict"] == "rejected")
-    # The pool is the seed tasks plus exactly the validated tasks taken in between steps.
+    # The pool is the seed tasks plus exactly the validated tasks taken in between steps: the injected
+    # one has joined by the last step, and the pool never shrinks.
     pool = {int(k): v for k, v in summary["pool_size"].items()}
     synthesized = {int(k): v for k, v in summary["pool_synthesized"].items()}
-    assert len({pool[s] - synthesized[s] for s in pool}) == 1
-    assert all(0 <= synthesized[s] <= validated for s in synthesized)
+    assert {pool[s] - synthesized[s] for s in pool} == {16}
+    assert injected["task_id"] in verdicts and synthesized[1] <= synthesized[2] <= synthesized[3]
+    assert 1 <= synthesized[3] <= validated
     assert [e["step"] for e in events["EvaluationCompleted"]] == [3]
 
     client = connect(chdb_url(tmp_path), create=False)

@@ -1,7 +1,7 @@
 """The run's tally of broker events, its progress line, and why silent signal kinds stayed silent."""
 import pytest
 
-from coevolve.services.run.summary import build, silent_reasons, thresholds
+from coevolve.services.run.summary import build, silent_reasons, thresholds, unvalidated_reason
 from coevolve.services.run.tally import Tally
 
 
@@ -52,3 +52,22 @@ def test_a_kind_that_fired_gets_no_excuse_and_the_summary_sums_the_steps():
     assert doc["steps"] == 2 and doc["pool_size"] == {1: 41, 2: 42}
     assert doc["learner_seconds"]["rollout"] == 12.0 and doc["blocked_share"] == pytest.approx(0.002)
     assert "step 2/2" in tally.progress_line(2, 2) and "pool 42 (1 new)" in tally.progress_line(2, 2)
+
+
+def _verdict(eid, verdict, stage):
+    return {"event_id": eid, "task_id": f"syn-{eid}", "run_id": "r1", "step": 1, "source": "synthesized",
+            "verdict": verdict, "stage": stage, "reason": "why"}
+
+
+def test_a_run_that_validated_nothing_says_how_far_its_proposals_got():
+    tally = Tally(run_id="r1")
+    tally.add("DeadLettered", {"event_id": "d1", "service": "validator", "error_type": "nothing_to_abstract"})
+    assert unvalidated_reason(tally) == ("no task was proposed (0 explorations published); exploration groups "
+                                         "with no proposal: 1 nothing_to_abstract")
+    tally.add("TaskChecked", _verdict("a", "rejected", "dual_pass"))
+    tally.add("TaskChecked", _verdict("b", "rejected", "dual_pass"))
+    tally.add("TaskChecked", _verdict("c", "rejected", "novel"))
+    assert unvalidated_reason(tally) == ("all 3 proposed tasks were rejected: 2 at dual_pass, 1 at novel; "
+                                         "exploration groups with no proposal: 1 nothing_to_abstract")
+    tally.add("TaskChecked", _verdict("d", "validated", None))
+    assert unvalidated_reason(tally) is None
