@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from coevolve.services.envs.bfcl import score_calls
 from coevolve.services.kafka.consumer import EventConsumer
 from coevolve.services.kafka.producer import EventProducer
 from coevolve.services.kafka.topics import DEADLETTER, EXPLORATIONS, SIGNALS, STEPS, TASKS
+from coevolve.services.validator.abstraction import successful_calls
 from coevolve.services.validator.stages import check_executable
 from tests.unit.test_explorer_reflection import boundary_signal
 
@@ -87,11 +89,18 @@ def _read(bootstrap: str, topic: str) -> list[dict]:
 
 
 def _assert_one_verdict_per_group(explorations: list[dict], verdicts: list[dict], dead: list[dict]) -> None:
-    groups = {(e["run_id"], e["signal_id"] or f"random@{e['step']}", e["task_id"]) for e in explorations}
+    groups: dict[tuple, list[dict]] = {}
+    for e in explorations:
+        groups.setdefault((e["run_id"], e["signal_id"] or f"random@{e['step']}", e["task_id"]), []).append(e)
     assert len(verdicts) + len(dead) == len(groups)  # every group: one verdict or one dead letter
     assert len({v["task_id"] for v in verdicts}) == len(verdicts)
     assert all(v["verdict"] in ("validated", "rejected") and v["stages"] and v["reason"] for v in verdicts)
-    assert all(d["error_type"] == "unparseable_proposal" and d["reason"] for d in dead)
+    # a group with no explored call that succeeded has nothing to abstract; any other dead letter is a
+    # proposal that never parsed
+    empty = sum(not successful_calls(group) for group in groups.values())
+    kinds = Counter(d["error_type"] for d in dead)
+    assert kinds["nothing_to_abstract"] == empty and set(kinds) <= {"nothing_to_abstract", "unparseable_proposal"}
+    assert all(d["reason"] for d in dead)
     used = [i for v in verdicts for i in v["exploration_ids"]]
     assert len(used) == len(set(used)) and set(used) <= {e["event_id"] for e in explorations}
 
