@@ -2,9 +2,9 @@
 
 A group is the exploration runs of one signal cluster on one task (`ExplorationRecorded` events). The
 prompt shows the seed task, the exploration contexts and the explored calls that succeeded; the model
-answers with the involved classes and the user turns, each with its reference calls. By default
-(`group_schema`) the schema makes every reference call one of those explored calls and the task keeps
-the seed's initial state; free mode lets the model write any call and optionally change the state.
+answers with the user turns, each with its reference calls. By default (`group_schema`) the schema
+makes every reference call one of those explored calls and the task keeps the seed's classes and
+initial state; free mode lets the model write any call, name the classes and patch the state.
 `parse_proposal` checks an answer; `build_task` makes it a `Task` that runs exactly like a seed task.
 
 `initial_state` is a JSON merge patch (RFC 7386) over the seed task's state, as JSON text: absent or
@@ -35,8 +35,7 @@ CALLS_PER_TURN = 4
 PATCH_CHARS = 1000
 
 
-def task_schema(max_turns: int = 6, classes: Sequence[str] | None = None,
-                calls: Sequence[str] | None = None) -> dict[str, Any]:
+def task_schema(max_turns: int = 6, calls: Sequence[str] | None = None) -> dict[str, Any]:
     """The JSON schema of a proposed task, with at most `max_turns` user turns.
 
     Every string and array is bounded and each turn carries its own calls, so grammar-constrained
@@ -44,15 +43,13 @@ def task_schema(max_turns: int = 6, classes: Sequence[str] | None = None,
     to its bound but cannot run on to the token limit inside one, nor give turns and references of
     different counts. The state patch is JSON text for the same reason: a free JSON object has no bound.
 
-    `classes` narrows the involved classes (to the seed task's). With `calls` every reference call is one
-    of them (the explored calls that succeeded) and the task keeps the seed's initial state, the state
-    they succeeded from, so no state patch is asked for: constrained decoding cannot then invent a call.
+    With `calls` every reference call is one of them (the explored calls that succeeded) and the task
+    keeps the seed's classes and initial state, the environment they succeeded in, so neither is asked
+    for: constrained decoding cannot then invent a call or pick a class that lacks one.
     """
     reference = {"enum": list(calls)} if calls is not None else {
         "type": "string", "minLength": 1, "maxLength": CALL_CHARS}
     properties: dict[str, Any] = {
-        "involved_classes": {"type": "array", "minItems": 1, "maxItems": 4,
-                             "items": {"enum": sorted(classes or bfcl_data.DOC_FILES)}},
         "turns": {"type": "array", "minItems": 1, "maxItems": max_turns, "items": {
             "type": "object", "additionalProperties": False, "required": ["instruction", "reference"],
             "properties": {
@@ -62,11 +59,14 @@ def task_schema(max_turns: int = 6, classes: Sequence[str] | None = None,
                               "description": "The calls that solve this turn, in BFCL call syntax."},
             }}},
     }
-    if calls is None:
-        properties["initial_state"] = {
-            "type": "string", "maxLength": PATCH_CHARS,
-            "description": "Optional: a JSON merge patch over the seed task's initial state, as JSON text; "
-                           "empty or absent keeps the seed's state."}
+    if calls is not None:
+        return {"type": "object", "additionalProperties": False, "required": ["turns"], "properties": properties}
+    properties["involved_classes"] = {"type": "array", "minItems": 1, "maxItems": 4,
+                                      "items": {"enum": sorted(bfcl_data.DOC_FILES)}}
+    properties["initial_state"] = {
+        "type": "string", "maxLength": PATCH_CHARS,
+        "description": "Optional: a JSON merge patch over the seed task's initial state, as JSON text; "
+                       "empty or absent keeps the seed's state."}
     return {"type": "object", "additionalProperties": False, "required": ["involved_classes", "turns"],
             "properties": properties}
 
@@ -99,7 +99,7 @@ def group_schema(explorations: Sequence[Mapping[str, Any]], seed: Task, max_turn
     if not from_exploration:
         return task_schema(max_turns)
     calls = [call for call, _ in successful_calls(explorations)[:_MAX_CALLS_SHOWN]]
-    return task_schema(max_turns, seed.involved_classes, calls) if calls else None
+    return task_schema(max_turns, calls) if calls else None
 
 
 def abstraction_messages(explorations: Sequence[Mapping[str, Any]], seed: Task,
@@ -168,7 +168,7 @@ def build_task(proposal: Mapping[str, Any], seed: Task, task_id: str) -> tuple[T
     seed's state and the reason, for the well-formed stage to reject the task with."""
     patch, problem = state_patch(proposal)
     state = merge_patch(dict(seed.initial_state), patch)
-    classes = tuple(dict.fromkeys(proposal["involved_classes"]))
+    classes = tuple(dict.fromkeys(proposal.get("involved_classes") or seed.involved_classes))
     turns = proposal["turns"]
     task = Task(task_id=task_id, turns=tuple(t["instruction"] for t in turns),
                 initial_state={c: state[c] for c in classes if c in state}, involved_classes=classes,

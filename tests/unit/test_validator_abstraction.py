@@ -74,7 +74,11 @@ def test_a_groups_schema_offers_its_explored_calls_that_succeeded_and_the_seeds_
     schema = group_schema([exploration(), exploration("e1", 1)], SEED)
     assert schema["properties"]["turns"]["items"]["properties"]["reference"]["items"] == {
         "enum": ["cd(folder='document')"]}
-    assert schema["properties"]["involved_classes"]["items"] == {"enum": sorted(SEED.involved_classes)}
+    assert set(schema["properties"]) == {"turns"}  # the seed's classes and state: where the calls succeeded
+    task, problem = build_task({"turns": [{"instruction": "Go to document", "reference": ["cd(folder='document')"]}]},
+                               SEED, "synthesized_x")
+    assert problem == "" and task.involved_classes == SEED.involved_classes
+    assert task.initial_state == {c: SEED.initial_state[c] for c in SEED.involved_classes}
     assert group_schema([exploration(tuples=[])], SEED) is None
     assert group_schema([exploration(tuples=[])], SEED, from_exploration=False) == task_schema()
     system, _ = abstraction_messages([exploration()], SEED, schema)

@@ -16,7 +16,7 @@ SAMPLING = SamplingConfig(temperature=0.0, max_new_tokens=400)
 LIMITS = EpisodeLimits(max_context_tokens=100_000)  # the byte tokenizer spends a token per byte
 SEED = bfcl_data.get_task("multi_turn_base_0")
 CALLS = ["cd(folder='document')", "mkdir(dir_name='drafts')"]
-PROPOSAL = {"involved_classes": ["GorillaFileSystem"], "turns": [
+PROPOSAL = {"turns": [  # references from the explored calls; classes and state are the seed's
     {"instruction": "Go into the document folder and make a new folder named drafts there.", "reference": CALLS}]}
 
 
@@ -73,7 +73,8 @@ def test_an_attempt_that_scores_zero_rejects_the_task_at_the_dual_pass():
 
 
 def test_a_tool_that_does_not_exist_is_rejected_as_malformed_without_an_attempt():
-    bad = {**PROPOSAL, "turns": [{**PROPOSAL["turns"][0], "reference": ["teleport(to='document')"]}]}
+    bad = {"involved_classes": ["GorillaFileSystem"],
+           "turns": [{**PROPOSAL["turns"][0], "reference": ["teleport(to='document')"]}]}
     backend = _backend(json.dumps(bad), "[ls()]")
     checked, _ = _check(backend, config=ValidatorConfig(reference_from_exploration=False))
     assert checked.record["stage"] == "well_formed" and "'teleport' is not a tool" in checked.record["reason"]
