@@ -82,9 +82,9 @@ def make_children(s: Session) -> dict[str, Child]:
     commands = {"streams": ["streams", "worker", *b, "--datadir", str(state / "streams")],
                 "archiver": ["archiver", *b, "--workdir", str(w)],
                 "validator": ["validator", *b], "explorer": ["explorer", *b], "learner": _learner_args(s)}
-    shared = {name: {f"{name.upper()}_MODEL": s.policy} for name in s.plan.run.sharing if s.policy}
-    return {name: Child(name, args, {**s.plan.env(name), **shared.get(name, {})}, s.logs / f"{name}.log")
-            for name, args in commands.items()}
+    shared = set(s.plan.run.sharing) if s.policy else set()
+    return {name: Child(name, args, s.plan.env(name, **({"model": s.policy} if name in shared else {})),
+                        s.logs / f"{name}.log") for name, args in commands.items()}
 
 
 def prepare_policy(s: Session) -> None:

@@ -75,9 +75,9 @@ class Plan:
     run: RunSettings
     sections: dict[str, dict[str, Any]] = field(default_factory=dict)
 
-    def env(self, service: str) -> dict[str, str]:
-        """The `<SERVICE>_<FIELD>` variables of one service process."""
-        values = dict(self.sections.get(service, {}))
+    def env(self, service: str, **extra: Any) -> dict[str, str]:
+        """The `<SERVICE>_<FIELD>` variables of one service process, with `extra` fields over its section."""
+        values = {**self.sections.get(service, {}), **extra}
         if service == "learner":
             values["steps"] = self.run.steps
         return {f"{service.upper()}_{key.upper()}": _text(value) for key, value in values.items()}

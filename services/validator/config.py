@@ -22,8 +22,9 @@ class ValidatorConfig:
     max_turns: int = doc(6, "Most user turns a proposed task may have.")
     reference_from_exploration: bool = doc(True, "Every reference call is one of the group's explored calls "
                                                  "that succeeded (enforced by the schema, so constrained "
-                                                 "decoding cannot invent one), from the seed's initial state; "
-                                                 "false lets the model write any call and patch the state.")
+                                                 "decoding cannot invent one), with the seed's classes and "
+                                                 "initial state; false lets the model write any call, name "
+                                                 "the classes and patch the state.")
     parse_attempts: int = doc(3, "Model answers tried per abstraction before the group is dead-lettered.")
     rounds_per_group: int = doc(3, "Exploration rounds that make a complete group (the explorer's runs).")
 
