@@ -15,7 +15,7 @@ import os
 import subprocess
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from coevolve.services.kafka.consumer import EventConsumer
@@ -47,6 +47,7 @@ class Session:
     children: dict[str, Child] | None = None
     consumer: EventConsumer | None = None
     policy: str = ""
+    restarts: dict[str, int] = field(default_factory=dict)
 
     @property
     def logs(self) -> Path:
@@ -120,14 +121,31 @@ def follow(s: Session, tally: Tally, printed: set[int]) -> None:
         printed.add(step)
 
 
+def revive(s: Session, names) -> None:
+    """Start again each named service that exited, up to run.restarts times each; past that, or for the
+    learner, end the run with its log. A restarted service resumes from its committed offsets (and the
+    signal worker from its changelogs), so what it had not committed it reads again."""
+    for name in names:
+        child = s.children[name]
+        if child.exit_code is None:
+            continue
+        done = s.restarts.get(name, 0)
+        if name == "learner" or done >= s.plan.run.restarts:
+            raise child.failure()
+        s.restarts[name] = done + 1
+        last = child.log_tail(1).strip()[:300]
+        print(f"{name} exited with code {child.exit_code}; restarting it ({done + 1} of {s.plan.run.restarts}, "
+              f"run.restarts); last log line: {last}", flush=True)
+        log.warning("run.restart", service=name, exit_code=child.exit_code, restart=done + 1, log=str(child.log_path))
+        child.start()
+
+
 def train(s: Session, tally: Tally, printed: set[int]) -> None:
-    """Follow the run until the learner exits; a service that dies ends the run with its log."""
+    """Follow the run until the learner exits; a service that dies is restarted (`revive`)."""
     learner = s.children["learner"]
     while learner.exit_code is None:
         follow(s, tally, printed)
-        for child in s.children.values():
-            if child is not learner and child.exit_code is not None:
-                raise child.failure()
+        revive(s, [name for name in s.children if name != "learner"])
     if learner.exit_code != 0:
         raise learner.failure()
 
@@ -140,9 +158,7 @@ def drain(s: Session, tally: Tally, printed: set[int]) -> bool:
     try:
         while time.monotonic() < deadline:
             follow(s, tally, printed)
-            for name in DRAIN_GROUPS:
-                if s.children[name].exit_code is not None:
-                    raise s.children[name].failure()
+            revive(s, DRAIN_GROUPS)
             behind = probe.behind({name: (s.plan.value(name, key, group), topics)
                                    for name, (key, group, topics) in DRAIN_GROUPS.items()})
             if len(tally.seen) != seen or any(behind.values()):

@@ -48,6 +48,9 @@ class RunSettings:
     drain_timeout_s: float = doc(300.0, "After the last step, longest wait for the signal worker, explorer and "
                                         "validator to finish what the run produced.")
     quiet_s: float = doc(5.0, "Drained: nothing new on any topic and every consumer caught up for this long.")
+    restarts: int = doc(2, "Times a service other than the learner that exits is started again (as Kubernetes "
+                           "restarts a pod; each resumes from its committed offsets and changelogs) before "
+                           "the run fails; 0 fails on the first exit.")
     shared_policy: str = doc("", "Comma-separated processes (explorer, validator) that act with the learner's "
                                  "starting policy, its warmed model when learner.warmup_steps > 0, instead of "
                                  "a model of their own.")
@@ -63,6 +66,8 @@ class RunSettings:
         if unknown:
             raise ConfigError(f"run.shared_policy names {', '.join(sorted(unknown))}; only "
                               f"{' and '.join(SHARABLE)} can act with the learner's policy")
+        if self.restarts < 0:
+            raise ConfigError(f"run.restarts={self.restarts} must be 0 or more")
         if min(self.start_timeout_s, self.drain_timeout_s, self.quiet_s) <= 0:
             raise ConfigError("run.start_timeout_s, drain_timeout_s and quiet_s must be positive")
 

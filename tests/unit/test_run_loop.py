@@ -1,9 +1,10 @@
 """A workdir holds many runs (a new `coevolve run` starts a new one, `--resume` continues the latest);
-the learner's starting policy is prepared before the services start and shared as configured."""
+the learner's starting policy is prepared before the services start and shared as configured; a
+service that exits is started again, up to run.restarts times."""
 import pytest
 
-from coevolve.services.run.children import ChildFailed
-from coevolve.services.run.loop import Session, make_children, prepare_policy, resolve_run
+from coevolve.services.run.children import Child, ChildFailed
+from coevolve.services.run.loop import Session, make_children, prepare_policy, resolve_run, revive
 from coevolve.services.run.plan import make_plan
 from coevolve.services.runtime.config import ConfigError
 
@@ -45,3 +46,29 @@ def test_a_policy_that_cannot_be_prepared_fails_the_run_with_its_log(tmp_path):
     with pytest.raises(ChildFailed, match=r"preparing the policy failed \(exit code [1-9].*warmup.log"):
         prepare_policy(s)
     assert "no-such-model" in (tmp_path / "logs" / "warmup.log").read_text()
+
+
+def test_a_service_that_exits_is_restarted_up_to_run_restarts_then_fails_the_run(tmp_path):
+    s = _session(tmp_path, "run.restarts=1")
+    # A real `coevolve` process that exits at once (an unknown command: click's usage error, code 2).
+    crashing = Child("validator", ["no-such-service"], {}, tmp_path / "logs" / "validator.log").start()
+    s.children = {"validator": crashing}
+    first = crashing.process
+    first.wait()
+    revive(s, ["validator"])
+    assert s.restarts == {"validator": 1} and crashing.process is not first
+    crashing.process.wait()
+    assert crashing.log_path.read_text().count("No such command") == 2  # one log, appended by both
+    with pytest.raises(ChildFailed, match=r"validator exited with code 2; its log is .*validator.log"):
+        revive(s, ["validator"])
+    assert s.restarts == {"validator": 1}
+
+
+def test_the_learner_is_never_restarted(tmp_path):
+    s = _session(tmp_path)
+    learner = Child("learner", ["no-such-service"], {}, tmp_path / "logs" / "learner.log").start()
+    s.children = {"learner": learner}
+    learner.process.wait()
+    with pytest.raises(ChildFailed, match="learner exited with code 2"):
+        revive(s, ["learner"])
+    assert s.restarts == {}
