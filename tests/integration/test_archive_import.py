@@ -18,6 +18,7 @@ from coevolve.services.simulate import SimulationConfig, write_file
 from coevolve.streams.replay.engine_python import replay_files
 from coevolve.streams.replay.report import write_jsonl
 from tests.events import NOW, sample_events
+from tests.cli_output import plain
 from tests.integration.archive_helpers import archived_tables, expected_rows, raw_count
 
 pytestmark = pytest.mark.integration
@@ -91,7 +92,7 @@ def test_files_that_are_not_importable_logs_are_refused_with_the_reason(tmp_path
     (tmp_path / "notes.avro").write_text("not avro")
     for path, reason in ((tmp_path / "missing.avro", "no such file"), (tmp_path / "notes.avro", "not an Avro")):
         result = CliRunner().invoke(app, ["archive", "import", "--clickhouse", url, "--input", str(path)])
-        assert result.exit_code != 0 and reason in result.output, result.output
+        assert result.exit_code != 0 and reason in plain(result.output), result.output
 
 
 LOOP_EVENTS = ("StepCompleted", "ExplorationRecorded", "TaskChecked", "EvaluationCompleted")
@@ -141,7 +142,7 @@ def test_signal_files_are_refused_before_anything_is_imported(tmp_path):
     result = CliRunner().invoke(app, ["archive", "import", "--clickhouse", url,
                                       "--input", str(tmp_path / "run.EvaluationCompleted.avro"),
                                       "--input", str(tmp_path / "run.SignalRaised.avro")])
-    assert result.exit_code != 0 and "SignalRaised files cannot be imported" in result.output, result.output
+    assert result.exit_code != 0 and "SignalRaised files cannot be imported" in plain(result.output), result.output
     client = connect(url, create=False)
     try:
         assert client.query("SELECT count() FROM coevolve.evaluations").result_rows == [(0,)]

@@ -4,6 +4,7 @@ from typer.main import get_command
 from typer.testing import CliRunner
 
 from coevolve.services.cli import app
+from tests.cli_output import plain
 
 
 def _commands(group, prefix=()):
@@ -31,10 +32,10 @@ def test_missing_bootstrap_says_how_to_fix_it(monkeypatch):
     monkeypatch.delenv("KAFKA_BOOTSTRAP", raising=False)
     result = CliRunner().invoke(app, ["topics", "create"])
     assert result.exit_code != 0
-    assert "KAFKA_BOOTSTRAP" in result.output
+    assert "KAFKA_BOOTSTRAP" in plain(result.output)
 
 
 def test_invalid_simulation_is_refused_with_the_reason(tmp_path):
     result = CliRunner().invoke(app, ["simulate", "--tasks", "3", "--batch-tasks", "5",
                                       "--output", str(tmp_path / "x.avro")])
-    assert result.exit_code != 0 and "exceeds tasks" in result.output
+    assert result.exit_code != 0 and "exceeds tasks" in plain(result.output)

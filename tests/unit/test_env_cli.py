@@ -7,6 +7,7 @@ from typer.testing import CliRunner
 
 from coevolve.services.cli import app
 from coevolve.services.envs import bfcl_data
+from tests.cli_output import plain
 
 runner = CliRunner()
 
@@ -52,11 +53,11 @@ def test_score_refuses_bad_input_with_a_message(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"calls": 1}))
     result = invoke("env", "score", "--task-id", "multi_turn_base_0", "--calls", str(bad))
-    assert result.exit_code == 2 and "list of turns" in result.output
+    assert result.exit_code == 2 and "list of turns" in plain(result.output)
     too_many = tmp_path / "many.json"
     too_many.write_text(json.dumps([[]] * 9))
     result = invoke("env", "score", "--task-id", "multi_turn_base_0", "--calls", str(too_many))
-    assert result.exit_code == 2 and "4 turns" in result.output
+    assert result.exit_code == 2 and "4 turns" in plain(result.output)
     assert invoke("env", "score", "--task-id", "multi_turn_base_0").exit_code == 2
     assert invoke("env", "score", "--env", "appworld", "--task-id", "x", "--calls", str(bad)).exit_code == 2
 
