@@ -61,7 +61,6 @@ class EventConsumer:
         self.service = service
         self.deadletters = deadletters
         self.dead_lettered = 0
-        self._held: list = []  # records a keep-alive poll returned, delivered by the next poll()
         self._group = group_id is not None
         self._bootstrap = bootstrap
         common = dict(bootstrap_servers=bootstrap, enable_auto_commit=False,
@@ -89,10 +88,9 @@ class EventConsumer:
 
     def poll(self, timeout_s: float = 1.0) -> list[Delivered]:
         """Return the next batch of decoded events; dead-letter the rest."""
-        held, self._held = self._held, []
-        batches = self._consumer.poll(timeout_ms=0 if held else int(timeout_s * 1000))
+        batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000))
         out: list[Delivered] = []
-        for messages in [*held, *batches.values()]:
+        for messages in batches.values():
             for msg in messages:
                 try:
                     name, event = self.registry.decode(msg.value, msg.topic, msg.partition, msg.offset)
@@ -122,8 +120,10 @@ class EventConsumer:
 
         Raising `max_poll_interval_ms` to a model's pace would not do: the broker also holds every
         join for that long (it is the rebalance timeout), and Tansu holds it whole. So the assignment
-        is paused and a thread polls every `every_s` seconds meanwhile; records that a rebalance lets
-        through are held for the next `poll()`, in order. The caller must not use the consumer inside.
+        is paused and a thread polls every `every_s` seconds meanwhile. A partition that a rebalance
+        hands over is polled once before it is paused: its position goes back to the first record that
+        poll returned, so the next `poll()` delivers it and a `commit()` before then cannot pass it.
+        The caller must not use the consumer inside.
         """
         if not self._group:
             yield
@@ -143,12 +143,13 @@ class EventConsumer:
     def _keep_alive(self, done: threading.Event, every_s: float) -> None:
         while not done.wait(every_s):
             try:
-                batches = self._consumer.poll(timeout_ms=0)
+                # Not 0: a rebalance needs the poll to wait for the join and sync answers, or it rejoins forever.
+                batches = self._consumer.poll(timeout_ms=int(every_s * 1000))
+                for tp, records in batches.items():  # delivered by the next poll() instead
+                    self._consumer.seek(tp, records[0].offset)
                 self._consumer.pause(*self._consumer.assignment())  # partitions a rebalance just gave
             except Exception as exc:  # a broker hiccup must not end the work; the next poll reports it
                 log.warning("consumer.keep_alive_failed", error=repr(exc))
-                continue
-            self._held += batches.values()
 
     def assigned(self) -> bool:
         """Whether this consumer holds any partition (a group member may hold none)."""

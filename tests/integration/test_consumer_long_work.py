@@ -74,3 +74,32 @@ def test_work_inside_working_keeps_the_group_commits_and_holds_what_arrived(boot
         assert _poll_ids(again, 1) == ["b4"]
     finally:
         again.close()
+
+
+def test_partitions_handed_over_during_the_work_are_delivered_after_it_even_past_a_commit(bootstrap):
+    first, second = _consumer(bootstrap, "handover"), _consumer(bootstrap, "handover")
+    deadline = time.monotonic() + 30.0
+    while not (first.assigned() and second.assigned()) and time.monotonic() < deadline:
+        first.poll(0.2), second.poll(0.2)
+    assert first.assigned() and second.assigned(), "both members should hold partitions"
+    with EventProducer(bootstrap) as producer:
+        for i in range(40):  # keys spread over every partition, so both members' shares get records
+            producer.send(SIGNALS.name, boundary_signal(f"h{i}", task_id=f"multi_turn_base_{i}"), key=f"k{i}")
+        producer.flush()
+    try:
+        with first.working(every_s=0.2):
+            second.close()  # its partitions move to the member that is working
+            deadline = time.monotonic() + 30.0
+            while len(first._consumer.assignment()) < SIGNALS.partitions and time.monotonic() < deadline:
+                time.sleep(0.2)
+            time.sleep(1.0)  # keep-alive polls meanwhile, on every partition now
+        handed = {tp.partition for tp in first._consumer.assignment()}
+        first.commit()  # then a crash before the next poll(): the commit must not cover unread records
+    finally:
+        first.close()
+    assert handed == set(range(SIGNALS.partitions))
+    successor = _consumer(bootstrap, "handover")
+    try:
+        assert sorted(_poll_ids(successor, 40)) == sorted(f"h{i}" for i in range(40))
+    finally:
+        successor.close()
