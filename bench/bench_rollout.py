@@ -120,7 +120,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--dtype", default="bfloat16", help="weights dtype of both backends")
+    parser.add_argument("--dtype", default="auto", help="weights dtype of both backends (auto: bfloat16 where native)")
     parser.add_argument("--parts", type=lambda s: s.split(","), default=["episodes", "compare", "startup"])
     parser.add_argument("--backend", choices=["vllm", "transformers"], help=argparse.SUPPRESS)
     parser.add_argument("--workload", choices=list(WORKLOADS), help=argparse.SUPPRESS)

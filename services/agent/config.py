@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from coevolve.services.agent.precision import DTYPES
 from coevolve.services.runtime.config import ConfigError, doc
 
 BACKENDS = ("vllm", "transformers", "openai")
@@ -25,8 +26,8 @@ class BackendConfig:
                      "Face directory, or (openai backend) the endpoint's model name.")
     backend: str = doc("vllm", "Generation backend: vllm (in-process), transformers, or openai (HTTP).")
     coevolve_home: Path = doc(default_home(), "Cache folder for converted and generated models ($COEVOLVE_HOME).")
-    dtype: str = doc("bfloat16", "Weights dtype of local backends: bfloat16 (3x float32's speed on CPUs "
-                     "with AMX), float32 or float16.")
+    dtype: str = doc("auto", "Weights dtype of local backends: auto (bfloat16 where the GPU or CPU computes it "
+                     "natively, AMX or AVX512-BF16; else float32), bfloat16, float32 or float16.")
     seed: int = doc(0, "Seed of the engine and of sampling.")
     max_model_len: int = doc(8192, "Longest sequence (prompt and completion) a local engine accepts, in tokens.")
     enforce_eager: bool = doc(True, "vLLM: skip graph compilation (8 s start here instead of 64 s).")
@@ -45,8 +46,8 @@ class BackendConfig:
             raise ConfigError(f"backend={self.backend!r}: choose one of {', '.join(BACKENDS)}")
         if self.backend == "openai" and not self.base_url:
             raise ConfigError("the openai backend needs base_url (--base-url http://HOST:PORT/v1)")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ConfigError(f"dtype={self.dtype!r}: choose float32, bfloat16 or float16")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype={self.dtype!r}: choose {', '.join(DTYPES)}")
         for name in ("max_model_len", "batch_size", "concurrency"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)} must be at least 1")

@@ -12,6 +12,7 @@ from typing import Any, Iterable, Sequence
 
 from coevolve.services.agent.generation import BackendStats, Completion, Request, request_seed
 from coevolve.services.agent.config import BackendConfig, SamplingConfig
+from coevolve.services.agent.precision import resolve_dtype
 from coevolve.services.agent.templates import ChatTemplate
 
 
@@ -28,7 +29,7 @@ class TransformersBackend:
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model = model_name or model_dir
-        self.net = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, config.dtype))
+        self.net = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, resolve_dtype(config.dtype, self.device)))
         self.net.to(self.device).eval()
         self.template = ChatTemplate(self.tokenizer)
         self.stop_ids = self.template.stop_token_ids()

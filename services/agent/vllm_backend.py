@@ -13,6 +13,7 @@ from typing import Any, Iterable, Sequence
 from coevolve.services.agent import vllm_quirks
 from coevolve.services.agent.generation import BackendStats, Completion, Request, request_seed
 from coevolve.services.agent.config import BackendConfig, SamplingConfig
+from coevolve.services.agent.precision import resolve_dtype
 from coevolve.services.agent.templates import ChatTemplate
 
 
@@ -27,7 +28,7 @@ class VllmBackend:
 
         started = time.monotonic()
         self.llm = LLM(**vllm_quirks.engine_arguments(
-            model_dir, dtype=config.dtype, max_model_len=config.max_model_len,
+            model_dir, dtype=resolve_dtype(config.dtype), max_model_len=config.max_model_len,
             enforce_eager=config.enforce_eager, seed=config.seed,
             gpu_memory_utilization=config.gpu_memory_utilization))
         self.model = model_name or model_dir

@@ -22,8 +22,10 @@
   batches. On GPU each request gets its own seed.
 - **Cores.** On x86 vLLM reserves one core per worker for a scheduler process; in-process there is
   no such process, so none is reserved (one timing here, 2 cores: 26 -> 34 generated tokens/s).
-- **dtype.** bfloat16 runs on this CPU's AMX units: about 3x float32's generation rate (one timing
-  here: 34 -> 102 tokens/s, 16 BFCL prompts, 64 new tokens); float32 where outputs are compared.
+- **dtype.** bfloat16 runs on an Intel CPU's AMX units at about 3x float32's generation rate (one
+  timing: 34 -> 102 tokens/s, 16 BFCL prompts, 64 new tokens) but at half of it on an AVX2-only AMD
+  EPYC (9 -> 4 tokens/s), so the default `auto` picks by the CPU (`precision.py`); float32 where
+  outputs are compared.
 - **Log-probs.** By default vLLM reports raw log-probs (temperature 1) whatever the sampling
   temperature; the learner's ratio needs those of the distribution sampled from, so the engine runs
   with `logprobs_mode="processed_logprobs"` (after temperature and top-p).

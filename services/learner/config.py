@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from coevolve.services.agent.precision import AUTOCASTS
 from coevolve.services.runtime.config import ConfigError, doc
 from coevolve.services.learner.grpo import LOSS_AGG_MODES
 
@@ -34,8 +35,9 @@ class GRPOConfig:
     gradient_checkpointing: bool = doc(False, "Recompute each layer's activations in the backward pass instead of "
                                        "keeping them (about a third more compute, far less memory on long episodes).")
     seed: int = doc(0, "Seed of torch's generator for the learner.")
-    autocast: str = doc("off", "Mixed precision of the forward and backward: off (float32) or bf16 (torch.autocast; "
-                        "weights and optimizer stay float32).")
+    autocast: str = doc("off", "Mixed precision of the forward and backward: off (float32), bf16 (torch.autocast; "
+                        "weights and optimizer stay float32), or auto (bf16 where the device computes it "
+                        "natively, else off).")
     deepspeed_config: str = doc("", "Path of a DeepSpeed JSON config (ZeRO stage 0-2); empty trains with plain torch.")
     lora_rank: int = doc(0, "LoRA rank through peft; 0 trains every weight.")
     lora_alpha: int = doc(16, "LoRA alpha (scale alpha / rank).")
@@ -56,8 +58,8 @@ class GRPOConfig:
             raise ConfigError(f"reward={self.reward!r} is unknown; use one of {', '.join(REWARDS)}")
         if self.adv_eps <= 0 or self.temperature <= 0:
             raise ConfigError("adv_eps and temperature must be positive; sample with temperature > 0 to train")
-        if self.autocast not in ("off", "bf16"):
-            raise ConfigError(f"autocast={self.autocast!r}: choose off or bf16")
+        if self.autocast not in AUTOCASTS:
+            raise ConfigError(f"autocast={self.autocast!r}: choose {', '.join(AUTOCASTS)}")
         if self.micro_batch_size < 1:
             raise ConfigError(f"micro_batch_size must be at least 1 (got {self.micro_batch_size})")
         if self.lora_rank < 0 or self.lora_alpha <= 0:

@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
+from coevolve.services.agent.precision import autocast_bf16
 from coevolve.services.learner import grpo
 from coevolve.services.learner.batch import Collated, TrainSequence, collate, micro_batches
 from coevolve.services.learner.config import GRPOConfig
@@ -75,7 +76,8 @@ class Engine:
         sums = dict.fromkeys(("loss", "pg_loss", "kl", "clipped", "abs_log_ratio"), 0.0)
         for part in micro_batches(len(batch), cfg.micro_batch_size):
             mb = collate(batch[part], self.pad_id).to(self.device)
-            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=cfg.autocast == "bf16"):
+            with torch.autocast(self.device.type, dtype=torch.bfloat16,
+                                enabled=autocast_bf16(cfg.autocast, self.device.type)):
                 loss, stats = self._micro_loss(mb, scales[part].to(self.device))
             self._backward(loss)
             for key, value in stats.items():

@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 from coevolve.services.agent.config import EpisodeLimits, SamplingConfig
 from coevolve.services.agent.generation import BackendStats, Completion, Request
+from coevolve.services.agent.precision import autocast_bf16
 from coevolve.services.envs.base import Task
 from coevolve.services.learner.config import GRPOConfig, WarmupConfig
 from coevolve.services.runtime.log import get_logger
@@ -96,7 +97,7 @@ def warm_key(base: Path, warm: WarmupConfig, grpo: GRPOConfig, tasks: Sequence[T
     marker = base / "coevolve-model.json"
     identity = marker.read_text() if marker.is_file() else (base / "config.json").read_text()
     blob = json.dumps({"recipe": RECIPE, "base": identity, "warmup": asdict(warm), "seed": grpo.seed,
-                       "autocast": grpo.autocast, "tasks": [t.task_id for t in tasks],
+                       "autocast": "bf16" if autocast_bf16(grpo.autocast, "cpu") else "off", "tasks": [t.task_id for t in tasks],
                        "limits": asdict(limits)}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -192,7 +193,7 @@ def _step(model, optimizer, batch: list[Example], grpo: GRPOConfig) -> float:
         ids = torch.tensor([example.token_ids])
         mask = torch.tensor([example.loss_mask], dtype=torch.float32)
         keep = maths.kept_positions(mask)
-        with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=grpo.autocast == "bf16"):
+        with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=autocast_bf16(grpo.autocast, ids.device.type)):
             logits = model(input_ids=ids, use_cache=False, logits_to_keep=keep).logits
         logp = maths.kept_logprobs(logits, ids, keep)
         loss = -(logp * mask).sum() / total
