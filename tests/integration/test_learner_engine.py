@@ -41,7 +41,9 @@ def test_micro_batch_size_does_not_change_the_update(mode):
     m1, m16 = one.train_step(make_batch()), whole.train_step(make_batch())
     assert m1["loss"] == pytest.approx(m16["loss"], abs=1e-5)
     assert m1["grad_norm"] == pytest.approx(m16["grad_norm"], rel=1e-4)
-    assert max_diff(weights(one), weights(whole)) < 1e-6
+    # Adam's first step moves a weight by about lr (1e-3); the summation order of the accumulated
+    # gradients differs by CPU, and an AVX2-only EPYC differed by up to 2.9e-6 where AVX-512 stayed below 1e-6.
+    assert max_diff(weights(one), weights(whole)) < 1e-5
     assert m1["loss_tokens"] == sum(s.loss_tokens for s in make_batch())
 
 
