@@ -28,7 +28,7 @@ from coevolve.services.kafka.topics import DEADLETTER, SIGNALS, STEPS, TRAJECTOR
 from coevolve.streams import rules
 from coevolve.streams.worker.attempts import AttemptBatch, step_key
 from coevolve.streams.worker.config import StreamsConfig
-from coevolve.streams.worker.faust_compat import (PRODUCER_BATCH_BYTES, ConfirmedTable, confirm_writes,
+from coevolve.streams.worker.faust_compat import (PRODUCER_BATCH_BYTES, TRACKED_MEMORY, ConfirmedTable, confirm_writes,
                                                   exact_highwaters, send_confirmed, shorten_fetch_wait,
                                                   write_under)
 from coevolve.streams.worker.metrics import Metrics
@@ -51,7 +51,7 @@ def internal_topics(app_id: str) -> dict[str, Topic]:
 def new_app(cfg: StreamsConfig) -> faust.App:
     """The Faust app with this broker's settings; /healthz and /metrics are served by the service, not Faust."""
     app = faust.App(
-        cfg.app_id, broker=f"kafka://{cfg.kafka_bootstrap}", store="memory://", datadir=str(cfg.datadir),
+        cfg.app_id, broker=f"kafka://{cfg.kafka_bootstrap}", store=TRACKED_MEMORY, datadir=str(cfg.datadir),
         web_enabled=False, topic_partitions=PARTITIONS, topic_replication_factor=cfg.replication_factor,
         table_standby_replicas=0,
         consumer_auto_offset_reset="earliest", producer_acks=-1, topic_allow_declare=False,

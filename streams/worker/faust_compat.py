@@ -16,6 +16,13 @@
   trajectory count: it never closed by count). The agents wait for their changelog records before
   their events are acknowledged.
 - `send_confirmed`: sends through the app's producer and waits for every acknowledgement.
+- `TrackedMemoryStore` (store `TRACKED_MEMORY`): Faust's memory store reports no persisted offset, so
+  every rebalance re-reads a kept partition's changelog from the start and applies it over the live
+  table. A batch whose changelog records were still in flight then had its newer values overwritten
+  by older ones (a kept worker's step counts fell short after another worker restarted, and those
+  steps never closed by count). This store remembers the changelog offset its contents reflect, from
+  recovery and from confirmed writes (Faust's `set_persisted_offset` hook, as for RocksDB), so
+  recovery reads only what came after.
 """
 from __future__ import annotations
 
@@ -23,11 +30,14 @@ import asyncio
 import weakref
 
 import faust
+from faust.stores import STORES
+from faust.stores.memory import Store as MemoryStore
 from faust.streams import _current_event  # the event whose partition a table write goes to
 
 from coevolve.services.kafka.offsets import true_end_offsets
 
 PRODUCER_BATCH_BYTES = 256 * 1024
+TRACKED_MEMORY = "trackedmemory://"
 
 
 def exact_highwaters(app: faust.App, bootstrap: str) -> None:
@@ -47,6 +57,37 @@ def shorten_fetch_wait(app: faust.App, ms: int) -> None:
     fetcher = getattr(consumer, "_fetcher", None)
     if fetcher is not None and getattr(fetcher, "_fetch_max_wait_ms", ms) != ms:
         fetcher._fetch_max_wait_ms = ms
+
+
+class TrackedMemoryStore(MemoryStore):
+    """The memory store, plus the last changelog offset per partition that its contents reflect."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.offsets: dict = {}  # changelog TP -> last offset applied or confirmed
+
+    def set_persisted_offset(self, tp, offset: int) -> None:
+        """Faust's hook for each changelog record the broker confirmed."""
+        self.offsets[tp] = max(offset, self.offsets.get(tp, -1))
+
+    def apply_changelog_batch(self, batch, to_key, to_value) -> None:
+        """Apply the records after those the store reflects (Faust's recovery re-reads the last one)."""
+        fresh = [e for e in batch if e.message.offset > self.offsets.get(e.message.tp, -1)]
+        super().apply_changelog_batch(fresh, to_key, to_value)
+        for event in fresh:
+            self.set_persisted_offset(event.message.tp, event.message.offset)
+
+    def persisted_offset(self, tp):
+        return self.offsets.get(tp)
+
+    async def on_recovery_completed(self, active_tps, standby_tps) -> None:
+        await super().on_recovery_completed(active_tps, standby_tps)
+        kept = set(active_tps) | set(standby_tps)
+        for tp in [tp for tp in self.offsets if tp not in kept]:  # read whole if it comes back
+            del self.offsets[tp]
+
+
+STORES.aliases.setdefault(TRACKED_MEMORY.split(":")[0], f"{__name__}:TrackedMemoryStore")
 
 
 class ConfirmedTable(faust.Table):
