@@ -29,7 +29,8 @@ class TransformersBackend:
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model = model_name or model_dir
-        self.net = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, resolve_dtype(config.dtype, self.device)))
+        dtype = getattr(torch, resolve_dtype(config.dtype, self.device))
+        self.net = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
         self.net.to(self.device).eval()
         self.template = ChatTemplate(self.tokenizer)
         self.stop_ids = self.template.stop_token_ids()

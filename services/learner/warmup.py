@@ -96,8 +96,9 @@ def warm_key(base: Path, warm: WarmupConfig, grpo: GRPOConfig, tasks: Sequence[T
     """A hash of everything that shapes the warmed weights."""
     marker = base / "coevolve-model.json"
     identity = marker.read_text() if marker.is_file() else (base / "config.json").read_text()
+    autocast = "bf16" if autocast_bf16(grpo.autocast, "cpu") else "off"  # as resolved on this machine
     blob = json.dumps({"recipe": RECIPE, "base": identity, "warmup": asdict(warm), "seed": grpo.seed,
-                       "autocast": "bf16" if autocast_bf16(grpo.autocast, "cpu") else "off", "tasks": [t.task_id for t in tasks],
+                       "autocast": autocast, "tasks": [t.task_id for t in tasks],
                        "limits": asdict(limits)}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -193,7 +194,8 @@ def _step(model, optimizer, batch: list[Example], grpo: GRPOConfig) -> float:
         ids = torch.tensor([example.token_ids])
         mask = torch.tensor([example.loss_mask], dtype=torch.float32)
         keep = maths.kept_positions(mask)
-        with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=autocast_bf16(grpo.autocast, ids.device.type)):
+        bf16 = autocast_bf16(grpo.autocast, ids.device.type)
+        with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=bf16):
             logits = model(input_ids=ids, use_cache=False, logits_to_keep=keep).logits
         logp = maths.kept_logprobs(logits, ids, keep)
         loss = -(logp * mask).sum() / total
