@@ -12,7 +12,7 @@ from typing import Any, Iterable, Sequence
 
 from coevolve.services.agent.generation import BackendStats, Completion, Request, request_seed
 from coevolve.services.agent.config import BackendConfig, SamplingConfig
-from coevolve.services.agent.precision import resolve_dtype
+from coevolve.services.agent.precision import default_device, resolve_dtype
 from coevolve.services.agent.templates import ChatTemplate
 
 
@@ -26,7 +26,7 @@ class TransformersBackend:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.torch = torch
-        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = default_device()
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model = model_name or model_dir
         dtype = getattr(torch, resolve_dtype(config.dtype, self.device))

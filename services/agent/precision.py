@@ -7,10 +7,13 @@ tokens/s in bfloat16 against 9 in float32. Both kinds of machine serve this proj
 """
 from __future__ import annotations
 
+from functools import cache
+
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 AUTOCASTS = ("auto", "off", "bf16")
 
 
+@cache  # the hardware does not change; the learner asks once per micro-batch
 def native_bf16(device_type: str) -> bool:
     """Whether `device_type` (cpu, cuda) computes bfloat16 in hardware."""
     import torch
@@ -24,6 +27,7 @@ def native_bf16(device_type: str) -> bool:
 
 
 def default_device() -> str:
+    """cuda where a GPU is visible, else cpu."""
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"

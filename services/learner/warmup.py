@@ -190,12 +190,12 @@ def _step(model, optimizer, batch: list[Example], grpo: GRPOConfig) -> float:
 
     total = sum(sum(e.loss_mask) for e in batch)
     loss_sum = 0.0
+    bf16 = autocast_bf16(grpo.autocast, "cpu")  # the warm-up trains on the CPU
     for example in batch:  # one episode per forward: episodes are thousands of tokens long
         ids = torch.tensor([example.token_ids])
         mask = torch.tensor([example.loss_mask], dtype=torch.float32)
         keep = maths.kept_positions(mask)
-        bf16 = autocast_bf16(grpo.autocast, ids.device.type)
-        with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             logits = model(input_ids=ids, use_cache=False, logits_to_keep=keep).logits
         logp = maths.kept_logprobs(logits, ids, keep)
         loss = -(logp * mask).sum() / total
