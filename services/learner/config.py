@@ -31,7 +31,10 @@ class GRPOConfig:
     adv_eps: float = doc(1e-6, "Added to a group's reward std before dividing.")
     temperature: float = doc(1.0, "Rollout sampling temperature; logits are divided by it before log-probs.")
     max_grad_norm: float = doc(1.0, "Clip the global gradient norm to this; 0 disables clipping.")
-    micro_batch_size: int = doc(4, "Sequences per forward/backward; gradients accumulate over a step's batch.")
+    micro_batch_size: int = doc(4, "Sequences per forward/backward (per pack with shared_prefix); gradients "
+                                "accumulate over a step's batch.")
+    shared_prefix: bool = doc(True, "Train rollouts with the same prompt as one packed row that holds the prompt "
+                              "once (exact; packing.py); off trains each rollout as its own padded row.")
     gradient_checkpointing: bool = doc(False, "Recompute each layer's activations in the backward pass instead of "
                                        "keeping them (about a third more compute, far less memory on long episodes).")
     seed: int = doc(0, "Seed of torch's generator for the learner.")

@@ -25,9 +25,8 @@ import sys
 
 import torch
 
-from coevolve.services.learner.batch import Collated
 from coevolve.services.learner.config import GRPOConfig, read_deepspeed_config
-from coevolve.services.learner.engine import Engine, attention_mask
+from coevolve.services.learner.engine import Engine
 
 
 def _free_port() -> int:
@@ -81,9 +80,8 @@ class DeepSpeedEngine(Engine):
     def policy_module(self) -> torch.nn.Module:
         return self.ds.module
 
-    def _forward(self, mb: Collated, keep: torch.Tensor) -> torch.Tensor:
-        return self.ds(input_ids=mb.input_ids, attention_mask=attention_mask(mb), use_cache=False,
-                       logits_to_keep=keep).logits
+    def _forward(self, **inputs) -> torch.Tensor:
+        return self.ds(**inputs).logits
 
     def _backward(self, loss: torch.Tensor) -> None:
         self.ds.backward(loss, scale_wrt_gas=False)

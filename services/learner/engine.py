@@ -3,7 +3,9 @@
 A step computes each sequence's loss weight over the whole batch first (`grpo.sequence_scales`),
 then runs micro-batches of `micro_batch_size` sequences, each forward/backward adding its share of
 the gradient, and takes one optimizer step. Because the weights are fixed per batch, the
-accumulated gradient equals the full batch's, whatever the micro-batch size.
+accumulated gradient equals the full batch's, whatever the micro-batch size. With `shared_prefix`
+(the default) a micro-batch is a pack of rollouts with the same prompt (`packing.py`), which is
+computed once for the pack instead of once per rollout.
 
 The reference policy for the KL term exists only when `kl_beta > 0`: a frozen copy of the starting
 weights, or, with LoRA, the same model with its adapters switched off (no copy).
@@ -17,7 +19,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from coevolve.services.agent.precision import autocast_bf16
-from coevolve.services.learner import grpo
+from coevolve.services.learner import grpo, packing
 from coevolve.services.learner.batch import Collated, TrainSequence, collate, micro_batches
 from coevolve.services.learner.config import GRPOConfig
 from coevolve.services.learner.lora import add_lora, is_lora, merged_named_parameters
@@ -39,6 +41,8 @@ class Engine:
         self.config = config
         self.pad_id = pad_id
         self.steps = 0
+        if config.shared_prefix:
+            packing.use_shared_prefix_attention(model)
         if config.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if config.lora_rank:
@@ -49,8 +53,8 @@ class Engine:
         self.model = model
 
     # Subclass hooks.
-    def _forward(self, mb: Collated, keep: torch.Tensor) -> torch.Tensor:
-        """Logits (B, P, V) at the positions `keep` only (transformers' `logits_to_keep`)."""
+    def _forward(self, **inputs) -> torch.Tensor:
+        """The policy's logits for the model inputs `inputs` (only at `logits_to_keep`)."""
         raise NotImplementedError
 
     def _backward(self, loss: torch.Tensor) -> None:
@@ -74,11 +78,17 @@ class Engine:
         counts = torch.tensor([s.loss_tokens for s in batch])
         scales = grpo.sequence_scales(counts, cfg.loss_agg)
         sums = dict.fromkeys(("loss", "pg_loss", "kl", "clipped", "abs_log_ratio"), 0.0)
-        for part in micro_batches(len(batch), cfg.micro_batch_size):
-            mb = collate(batch[part], self.pad_id).to(self.device)
+        if cfg.shared_prefix:
+            parts = packing.plan(batch, cfg.micro_batch_size)
+        else:
+            parts = [list(range(len(batch)))[part] for part in micro_batches(len(batch), cfg.micro_batch_size)]
+        for part in parts:
+            seqs = [batch[i] for i in part]
+            mb = collate(seqs, self.pad_id).to(self.device)
+            pk = packing.pack(seqs).to(self.device) if cfg.shared_prefix else None
             with torch.autocast(self.device.type, dtype=torch.bfloat16,
                                 enabled=autocast_bf16(cfg.autocast, self.device.type)):
-                loss, stats = self._micro_loss(mb, scales[part].to(self.device))
+                loss, stats = self._micro_loss(mb, pk, scales[part].to(self.device))
             self._backward(loss)
             for key, value in stats.items():
                 sums[key] += value
@@ -94,16 +104,25 @@ class Engine:
             "sequences": float(len(batch)), "step_seconds": seconds,
         }
 
-    def _micro_loss(self, mb: Collated, scales: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        cfg = self.config
+    def _logprobs(self, forward, mb: Collated, pk: packing.Pack | None) -> torch.Tensor:
+        """(B, T) log-probs of the generated tokens under `forward` (0 elsewhere), packed or not."""
+        if pk is not None:
+            return pk.logprobs(forward(**pk.model_inputs()), mb.input_ids.shape, self.config.temperature)
         keep = grpo.kept_positions(mb.loss_mask)
-        logp = grpo.kept_logprobs(self._forward(mb, keep), mb.input_ids, keep, cfg.temperature)
+        logits = forward(input_ids=mb.input_ids, attention_mask=attention_mask(mb), use_cache=False,
+                         logits_to_keep=keep)
+        return grpo.kept_logprobs(logits, mb.input_ids, keep, self.config.temperature)
+
+    def _micro_loss(self, mb: Collated, pk: packing.Pack | None,
+                    scales: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        cfg = self.config
+        logp = self._logprobs(self._forward, mb, pk)
         pg, clipped = grpo.clipped_pg_loss(logp, mb.old_logprobs, mb.advantages, mb.loss_mask,
                                            cfg.clip_low, cfg.clip_high)
         pg_loss = grpo.aggregate(pg, mb.loss_mask, scales)
         loss, kl_value = pg_loss, 0.0
         if cfg.kl_beta > 0:
-            kl = grpo.aggregate(grpo.k3_kl(logp, self._reference_logprobs(mb, keep), mb.loss_mask),
+            kl = grpo.aggregate(grpo.k3_kl(logp, self._reference_logprobs(mb, pk), mb.loss_mask),
                                 mb.loss_mask, scales)
             loss = pg_loss + cfg.kl_beta * kl
             kl_value = float(kl.detach())
@@ -114,14 +133,11 @@ class Engine:
                       "clipped": float(clipped.sum()), "abs_log_ratio": drift}
 
     @torch.no_grad()
-    def _reference_logprobs(self, mb: Collated, keep: torch.Tensor) -> torch.Tensor:
+    def _reference_logprobs(self, mb: Collated, pk: packing.Pack | None) -> torch.Tensor:
         if self.reference is not None:
-            logits = self.reference(input_ids=mb.input_ids, attention_mask=attention_mask(mb),
-                                    use_cache=False, logits_to_keep=keep).logits
-        else:
-            with self.policy_module.disable_adapter():
-                logits = self._forward(mb, keep)
-        return grpo.kept_logprobs(logits, mb.input_ids, keep, self.config.temperature)
+            return self._logprobs(lambda **inputs: self.reference(**inputs).logits, mb, pk)
+        with self.policy_module.disable_adapter():
+            return self._logprobs(self._forward, mb, pk)
 
     @property
     def policy_module(self) -> torch.nn.Module:
@@ -151,9 +167,8 @@ class TorchEngine(Engine):
         self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
         self.optimizer.zero_grad(set_to_none=True)
 
-    def _forward(self, mb: Collated, keep: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=mb.input_ids, attention_mask=attention_mask(mb), use_cache=False,
-                          logits_to_keep=keep).logits
+    def _forward(self, **inputs) -> torch.Tensor:
+        return self.model(**inputs).logits
 
     def _backward(self, loss: torch.Tensor) -> None:
         loss.backward()

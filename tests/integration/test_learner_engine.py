@@ -132,3 +132,57 @@ def test_gradient_checkpointing_gives_the_same_update():
     a, b = plain.train_step(make_batch()), recomputed.train_step(make_batch())
     assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
     assert max_diff(weights(plain), weights(recomputed)) < 1e-6
+
+
+def grouped_batch(seed=3, vocab=256):
+    """Two tasks' groups of three rollouts (one prompt each, multi-turn masks with tool output between
+    the replies), a lone rollout of a third prompt, and a rollout that generated nothing."""
+    gen = torch.Generator().manual_seed(seed)
+    seqs = []
+    for prompt_len, advantages in ((40, (1.0, -0.5, -0.5)), (29, (0.7, 0.0, -0.7)), (17, (2.0,))):
+        prompt = torch.randint(0, vocab, (prompt_len,), generator=gen).tolist()
+        for k, advantage in enumerate(advantages):
+            reply, tool, second = 4 + 3 * k, 5, 2 + k
+            rest = torch.randint(0, vocab, (reply + tool + second,), generator=gen).tolist()
+            mask = [0] * prompt_len + [1] * reply + [0] * tool + [1] * second
+            logprobs = [-float(torch.rand(1, generator=gen)) - 3.0 if m else 0.0 for m in mask]
+            seqs.append(TrainSequence(prompt + rest, mask, logprobs, advantage))
+    seqs.append(TrainSequence(seqs[0].token_ids[:40], [0] * 40, [0.0] * 40, 0.0))
+    return seqs
+
+
+def gradients(eng, batch):
+    """The step's accumulated gradients (taken where the optimizer would step) and its metrics."""
+    grads = {}
+
+    def capture():
+        grads.update({n: p.grad.clone() for n, p in eng.policy_module.named_parameters() if p.grad is not None})
+        eng.optimizer.zero_grad(set_to_none=True)
+        return 0.0
+    eng._step = capture
+    return grads, eng.train_step(batch)
+
+
+def test_rollouts_with_one_prompt_share_a_pack_of_at_most_the_micro_batch_size():
+    from coevolve.services.learner.packing import plan
+
+    # the rollout that generated nothing (7) is its prompt alone: it packs with its task's group
+    assert plan(grouped_batch(), 4) == [[0, 1, 2, 7], [3, 4, 5], [6]]
+    assert plan(grouped_batch(), 2) == [[0, 1], [2, 7], [3, 4], [5], [6]]
+
+
+@pytest.mark.parametrize("fields", [{}, {"kl_beta": 0.5}, {"lora_rank": 4}, {"gradient_checkpointing": True},
+                                    {"loss_agg": "seq-mean-token-mean", "micro_batch_size": 2}],
+                         ids=["plain", "kl", "lora", "checkpointing", "seq-mean-packs-of-2"])
+def test_packed_rollouts_give_the_unpacked_loss_and_gradients(fields):
+    batch = grouped_batch()
+    packed, unpacked = engine(**fields), engine(shared_prefix=False, **fields)
+    if fields.get("kl_beta"):  # move the policy off its reference first, so the KL term is not 0
+        packed.train_step(batch), unpacked.train_step(batch)
+    (g1, m1), (g2, m2) = gradients(packed, batch), gradients(unpacked, batch)
+    assert set(g1) == set(g2) and g1
+    scale = max(float(g.abs().max()) for g in g2.values())
+    assert max(float((g1[k] - g2[k]).abs().max()) for k in g1) < 1e-5 * scale
+    for key in ("loss", "pg_loss", "kl", "abs_log_ratio", "clip_fraction", "loss_tokens"):
+        assert m1[key] == pytest.approx(m2[key], rel=1e-5, abs=1e-7), key
+    assert m1["kl"] > 0 if fields.get("kl_beta") else m1["kl"] == 0
