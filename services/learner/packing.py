@@ -65,6 +65,9 @@ def use_shared_prefix_attention(model: torch.nn.Module) -> None:
 
     AttentionInterface.register(ATTENTION, shared_prefix_attention)
     model.set_attn_implementation(ATTENTION)
+    if model.config._attn_implementation != ATTENTION:  # the model ignores AttentionInterface
+        raise ValueError(f"{type(model).__name__} cannot take a custom attention, so its rollouts cannot be "
+                         "packed; set learner.shared_prefix=false (LEARNER_SHARED_PREFIX=false)")
 
 
 def prompt_length(seq: TrainSequence) -> int:
