@@ -81,7 +81,7 @@ class Engine:
         if cfg.shared_prefix:
             parts = packing.plan(batch, cfg.micro_batch_size)
         else:
-            parts = [list(range(len(batch)))[part] for part in micro_batches(len(batch), cfg.micro_batch_size)]
+            parts = [list(range(len(batch))[part]) for part in micro_batches(len(batch), cfg.micro_batch_size)]
         for part in parts:
             seqs = [batch[i] for i in part]
             mb = collate(seqs, self.pad_id).to(self.device)
