@@ -59,10 +59,15 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor,
     materializing a second (B, T, V) tensor. Divide by the sampling temperature so the ratio against
     the rollout log-probs compares like with like.
     """
-    scaled = logits[:, :-1].float() / temperature
-    picked = scaled.gather(-1, token_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    out = picked - torch.logsumexp(scaled, dim=-1)
+    out = target_logprobs(logits[:, :-1], token_ids[:, 1:], temperature)
     return torch.cat([torch.zeros_like(out[:, :1]), out], dim=1)
+
+
+def target_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log_softmax(logits / temperature) at `targets` (logits' shape without the vocabulary axis), in
+    float32, as the gathered logit minus the logsumexp."""
+    scaled = logits.float() / temperature
+    return scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
 
 
 def kept_positions(mask: torch.Tensor) -> torch.Tensor:
@@ -80,9 +85,7 @@ def kept_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, positions: torc
 
     logits[:, j] is the prediction at position positions[j], i.e. of token positions[j] + 1.
     """
-    scaled = logits.float() / temperature
-    targets = token_ids[:, positions + 1]
-    picked = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
+    picked = target_logprobs(logits, token_ids[:, positions + 1], temperature)
     out = torch.zeros(token_ids.shape, dtype=picked.dtype, device=picked.device)
     return out.index_copy(1, positions + 1, picked)
 

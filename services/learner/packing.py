@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from coevolve.services.learner.batch import TrainSequence
+from coevolve.services.learner.batch import TrainSequence, micro_batches
+from coevolve.services.learner.grpo import target_logprobs
 
 ATTENTION = "coevolve_shared_prefix"
 """The name under which the attention is registered with transformers' AttentionInterface."""
@@ -80,7 +81,7 @@ def plan(batch: Sequence[TrainSequence], size: int) -> list[list[int]]:
     by_prompt: dict[tuple[int, ...], list[int]] = {}
     for i, seq in enumerate(batch):
         by_prompt.setdefault(tuple(seq.token_ids[:prompt_length(seq)]), []).append(i)
-    return [members[k:k + size] for members in by_prompt.values() for k in range(0, len(members), size)]
+    return [members[part] for members in by_prompt.values() for part in micro_batches(len(members), size)]
 
 
 @dataclass(frozen=True)
@@ -107,9 +108,7 @@ class Pack:
     def logprobs(self, logits: torch.Tensor, shape: torch.Size, temperature: float = 1.0) -> torch.Tensor:
         """Log-probs of the generated tokens from the pack's kept logits (1, n, V), scattered into a
         (B, T) tensor aligned to the unpacked token ids (0 elsewhere), as `grpo.kept_logprobs` gives."""
-        scaled = logits[0].float() / temperature
-        targets = self.input_ids[0, self.keep + 1]
-        picked = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
+        picked = target_logprobs(logits[0], self.input_ids[0, self.keep + 1], temperature)
         out = torch.zeros(shape, dtype=picked.dtype, device=picked.device)
         return out.index_put((self.rows, self.cols), picked)
 
