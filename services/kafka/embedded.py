@@ -9,7 +9,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import time
@@ -19,6 +18,7 @@ from kafka import KafkaAdminClient
 from kafka.errors import KafkaError
 
 from coevolve.services.runtime.log import get_logger
+from coevolve.services.runtime.ports import free_port
 
 log = get_logger("broker")
 
@@ -45,12 +45,6 @@ def tansu_binary() -> Path:
     if not mode & stat.S_IXUSR:
         path.chmod(mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until_ready(bootstrap: str, timeout: float = 20.0, process: subprocess.Popen | None = None) -> None:

@@ -20,19 +20,13 @@
 from __future__ import annotations
 
 import os
-import socket
 import sys
 
 import torch
 
 from coevolve.services.learner.config import GRPOConfig, read_deepspeed_config
 from coevolve.services.learner.engine import Engine
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from coevolve.services.runtime.ports import free_port
 
 
 def import_deepspeed(device: torch.device):
@@ -42,7 +36,7 @@ def import_deepspeed(device: torch.device):
     defaults = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
     for key, value in defaults.items():
         os.environ.setdefault(key, value)
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
     import deepspeed
 
     return deepspeed

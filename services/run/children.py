@@ -11,7 +11,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from coevolve.services.kafka.embedded import free_port
+from coevolve.services.runtime.ports import free_port
 
 
 class ChildFailed(RuntimeError):

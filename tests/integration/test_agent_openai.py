@@ -1,6 +1,5 @@
 """The OpenAI-compatible backend against a real vLLM server on loopback, serving tiny-random."""
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,21 +13,16 @@ from coevolve.services.agent.config import SamplingConfig
 from coevolve.services.agent.episodes import run_episodes
 from coevolve.services.agent.structured import generate_json
 from coevolve.services.envs.bfcl_data import get_task
+from coevolve.services.runtime.ports import free_port
 from tests.agent_engines import TINY_RANDOM, backend_config, model_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """`python -m vllm.entrypoints.openai.api_server` with tiny-random, stopped after the module."""
-    port = _free_port()
+    port = free_port()
     log = (tmp_path_factory.mktemp("vllm-server") / "server.log").open("w")
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     process = subprocess.Popen(
@@ -90,7 +84,7 @@ def test_structured_output_through_response_format_is_schema_valid(backend):
 
 
 def test_an_unreachable_endpoint_gives_failed_completions_not_exceptions():
-    dead = OpenAIBackend(backend_config(backend="openai", base_url=f"http://127.0.0.1:{_free_port()}/v1",
+    dead = OpenAIBackend(backend_config(backend="openai", base_url=f"http://127.0.0.1:{free_port()}/v1",
                                         model=TINY_RANDOM, max_retries=1, request_timeout_s=2.0))
     try:
         started = time.monotonic()

@@ -12,7 +12,7 @@ from kafka.admin import NewTopic
 
 from coevolve.schemas import EVENTS, default_registry
 from coevolve.services.kafka.consumer import EventConsumer
-from coevolve.services.kafka.embedded import free_port
+from coevolve.services.runtime.ports import free_port
 from coevolve.services.kafka.offsets import true_end_offsets
 from coevolve.services.kafka.producer import DeliveryError, EventProducer
 from coevolve.services.kafka.topics import CATALOG, DEADLETTER, create_topics

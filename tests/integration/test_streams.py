@@ -22,7 +22,7 @@ from kafka import KafkaConsumer, TopicPartition
 
 from coevolve.schemas import default_registry
 from coevolve.services.kafka.consumer import EventConsumer
-from coevolve.services.kafka.embedded import free_port
+from coevolve.services.runtime.ports import free_port
 from coevolve.services.kafka.producer import EventProducer
 from coevolve.services.kafka.topics import DEADLETTER, SIGNALS, STEPS, TRAJECTORIES
 from coevolve.services.simulate import SimulationConfig, Simulator
