@@ -10,8 +10,13 @@ def make_backend(config: BackendConfig) -> Backend:
     if config.backend == "openai":
         from coevolve.services.agent.openai_backend import OpenAIBackend
         return OpenAIBackend(config)
+    import torch
+
     from coevolve.services.agent.models import resolve_model
 
+    if config.cpu_threads:
+        # torch._C's own: once a vLLM engine exists in the process, torch.set_num_threads is a no-op (vllm_quirks)
+        torch._C.set_num_threads(config.cpu_threads)
     model_dir = str(resolve_model(config.model, config.coevolve_home))
     if config.backend == "vllm":
         from coevolve.services.agent.vllm_backend import VllmBackend

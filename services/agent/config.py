@@ -33,6 +33,9 @@ class BackendConfig:
     enforce_eager: bool = doc(True, "vLLM: skip graph compilation (8 s start here instead of 64 s).")
     kv_cache_gib: float = doc(2.0, "vLLM on CPU: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE).")
     gpu_memory_utilization: float = doc(0.3, "vLLM on GPU: share of device memory the engine may take.")
+    cpu_threads: int = doc(0, "CPU threads of this process's torch (local engines and, in the learner, training); "
+                           "0 keeps torch's default, one per core. Processes that share the cores should split "
+                           "them: two-thread OpenMP teams in three processes on two cores spin-wait on each other.")
     batch_size: int = doc(16, "transformers: sequences per generate call.")
     base_url: str = doc("", "openai: the endpoint, e.g. http://127.0.0.1:8000/v1.")
     api_key_env: str = doc("OPENAI_API_KEY", "openai: environment variable holding the API key (a secret; "
@@ -51,6 +54,8 @@ class BackendConfig:
         for name in ("max_model_len", "batch_size", "concurrency"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)} must be at least 1")
+        if self.cpu_threads < 0:
+            raise ConfigError(f"cpu_threads={self.cpu_threads} must be 0 (torch's default) or a thread count")
         if self.kv_cache_gib <= 0 or not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError("kv_cache_gib must be positive and gpu_memory_utilization in (0, 1]")
 

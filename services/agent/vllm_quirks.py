@@ -22,6 +22,8 @@
   batches. On GPU each request gets its own seed.
 - **Cores.** On x86 vLLM reserves one core per worker for a scheduler process; in-process there is
   no such process, so none is reserved (one timing here, 2 cores: 26 -> 34 generated tokens/s).
+  The CPU worker also replaces `torch.set_num_threads` with a no-op that logs a warning, for the whole
+  process; `BackendConfig.cpu_threads` therefore goes through `torch._C.set_num_threads`.
 - **dtype.** bfloat16 runs on an Intel CPU's AMX units at about 3x float32's generation rate (one
   timing: 34 -> 102 tokens/s, 16 BFCL prompts, 64 new tokens) but at half of it on an AVX2-only AMD
   EPYC (9 -> 4 tokens/s), so the default `auto` picks by the CPU (`precision.py`); float32 where

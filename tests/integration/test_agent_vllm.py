@@ -10,7 +10,7 @@ from coevolve.services.agent.episodes import run_episodes
 from coevolve.services.agent.structured import generate_json
 from coevolve.services.envs import make_env
 from coevolve.services.envs.bfcl_data import get_task
-from tests.agent_engines import SMOLLM2, hf_backend, vllm_backend
+from tests.agent_engines import SMOLLM2, TINY_RANDOM, backend_config, hf_backend, vllm_backend
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -91,3 +91,16 @@ def test_structured_output_from_vllm_is_schema_valid_json(vllm):
     for value in out:
         assert isinstance(value, dict), value
         assert set(value) == {"failure", "tool", "retry"} and value["tool"] in ("cd", "ls", "mv")
+
+
+def test_a_local_backend_runs_on_the_cpu_threads_it_is_given():
+    import torch
+
+    from coevolve.services.agent.backends import make_backend
+
+    before = torch.get_num_threads()
+    try:
+        make_backend(backend_config(model=TINY_RANDOM, backend="transformers", cpu_threads=1)).close()
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -17,6 +17,8 @@ def test_bad_backend_settings_fail_with_a_fix():
         BackendConfig(backend="openai")
     with pytest.raises(ConfigError, match="dtype"):
         BackendConfig(dtype="int4")
+    with pytest.raises(ConfigError, match="cpu_threads=-1"):
+        BackendConfig(cpu_threads=-1)
     with pytest.raises(ConfigError):
         SamplingConfig(top_p=0)
     with pytest.raises(ConfigError, match="max_user_turns=0"):
@@ -74,3 +76,4 @@ def test_a_failed_build_leaves_nothing_that_looks_built(tmp_path):
     with pytest.raises(RuntimeError):
         models.cached_model(tmp_path, "m", broken)
     assert not (tmp_path / "models" / "m").exists()
+
