@@ -32,18 +32,25 @@ def merged_named_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch
 
     base = model.get_base_model()
     adapted = {name: module for name, module in base.named_modules() if isinstance(module, LoraLayer)}
+    for name, param in base.named_parameters():
+        if "lora_" in name:
+            continue
+        owner, _, leaf = name.rpartition(".base_layer.")
+        if not owner:
+            yield name, param.detach()
+            continue
+        layer = adapted.get(owner)
+        merge = layer is not None and leaf == "weight" and not layer.disable_adapters
+        # no_grad around the merge only: held across a yield, it would stay on in the caller's thread
+        # whenever the caller stops iterating early (zip over two engines' parameters did)
+        yield f"{owner}.{leaf}", _merged(layer, param) if merge else param.detach()
+
+
+def _merged(layer, weight: torch.Tensor) -> torch.Tensor:
+    """`weight` plus the delta of each of `layer`'s active adapters."""
     with torch.no_grad():
-        for name, param in base.named_parameters():
-            if "lora_" in name:
-                continue
-            owner, _, leaf = name.rpartition(".base_layer.")
-            if not owner:
-                yield name, param.detach()
-                continue
-            tensor = param.detach()
-            layer = adapted.get(owner)
-            if layer is not None and leaf == "weight" and not layer.disable_adapters:
-                for adapter in layer.active_adapters:
-                    if adapter in layer.lora_A:
-                        tensor = tensor + layer.get_delta_weight(adapter)
-            yield f"{owner}.{leaf}", tensor
+        tensor = weight.detach()
+        for adapter in layer.active_adapters:
+            if adapter in layer.lora_A:
+                tensor = tensor + layer.get_delta_weight(adapter)
+        return tensor

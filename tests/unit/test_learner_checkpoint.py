@@ -12,9 +12,9 @@ from coevolve.services.learner.shapes import random_llama
 from coevolve.services.runtime.config import ConfigError
 
 
-def engine():
+def engine(**fields):
     model = random_llama("tiny", seed=0, vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1)
-    return build_engine(model, GRPOConfig(lr=1e-2))
+    return build_engine(model, GRPOConfig(lr=1e-2, **fields))
 
 
 def train(e):
@@ -22,8 +22,9 @@ def train(e):
     e.train_step([seq, TrainSequence(seq.token_ids, seq.loss_mask, seq.logprobs, -1.0)])
 
 
-def test_a_checkpoint_restores_weights_optimizer_and_state(tmp_path):
-    a = engine()
+@pytest.mark.parametrize("fields", [{}, {"lora_rank": 2, "lora_targets": "q_proj,v_proj"}], ids=["full", "lora"])
+def test_a_checkpoint_restores_weights_optimizer_and_state(tmp_path, fields):
+    a = engine(**fields)
     train(a)
     path = ckpt.save_checkpoint(tmp_path, a, step=3, run_id="run-x", policy_version=3,
                                 sampler={"step": 3, "rng": [3, [1], None], "synthesized": []}, config={"k": 1})
@@ -31,7 +32,7 @@ def test_a_checkpoint_restores_weights_optimizer_and_state(tmp_path):
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step-000003"
     found = ckpt.latest_checkpoint(tmp_path)
     assert (found.step, found.run_id, found.policy_version, found.config) == (3, "run-x", 3, {"k": 1})
-    b = engine()
+    b = engine(**fields)
     ckpt.restore_engine(b, found)
     for (name, x), (_, y) in zip(a.named_parameters(), b.named_parameters()):
         assert torch.equal(x, y), name
@@ -40,6 +41,12 @@ def test_a_checkpoint_restores_weights_optimizer_and_state(tmp_path):
     train(b)  # the same Adam moments give the same next update
     for (name, x), (_, y) in zip(a.named_parameters(), b.named_parameters()):
         assert torch.allclose(x, y, atol=1e-7), name
+
+
+def test_a_partly_read_lora_export_leaves_gradients_on():
+    names = engine(lora_rank=2, lora_targets="q_proj,v_proj").named_parameters()
+    next(names)
+    assert torch.is_grad_enabled()
 
 
 def test_only_the_newest_checkpoints_are_kept(tmp_path):
