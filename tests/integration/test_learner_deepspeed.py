@@ -1,4 +1,5 @@
-"""DeepSpeed ZeRO on CPU (DS_ACCELERATOR=cpu, one process) trains like plain torch.
+"""DeepSpeed ZeRO on CPU (DS_ACCELERATOR=cpu, one process) trains like plain torch and resumes from its
+checkpoints.
 
 Each case runs in a child process (`deepspeed_child.py`), which trains both engines on the same
 batches and prints their metrics. The first DeepSpeed start on a machine JIT-builds its shared-memory
@@ -39,6 +40,8 @@ def test_zero_matches_plain_torch_over_several_steps(tmp_path, stage):
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-3), step
     assert run["torch"][-1]["kl"] > 0  # the steps moved the policy away from the reference
     assert run["max_weight_diff"] < 1e-4 and run["same_names"]
+    # a checkpoint restored into a fresh engine takes the same next step
+    assert run["resumed_weight_diff"] < 1e-6
 
 
 def test_an_optimizer_section_in_the_json_takes_the_learners_lr(tmp_path):
