@@ -27,9 +27,9 @@ from bench.common import machine, report
 from coevolve.schemas import default_registry
 from coevolve.services.kafka.consumer import EventConsumer
 from coevolve.services.kafka.embedded import EmbeddedBroker
-from coevolve.services.runtime.ports import free_port
 from coevolve.services.kafka.producer import EventProducer
 from coevolve.services.kafka.topics import SIGNALS, create_topics
+from coevolve.services.runtime.ports import free_port
 from coevolve.services.simulate import SimulationConfig, Simulator
 from coevolve.streams.replay.engine_python import replay_signals
 

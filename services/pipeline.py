@@ -16,9 +16,9 @@ from pathlib import Path
 
 from coevolve.services.kafka.consumer import EventConsumer
 from coevolve.services.kafka.embedded import broker_for
-from coevolve.services.runtime.ports import free_port
 from coevolve.services.kafka.topics import CATALOG, SIGNALS, create_topics
 from coevolve.services.runtime.log import get_logger
+from coevolve.services.runtime.ports import free_port
 from coevolve.services.simulate import SimulationConfig, publish
 
 log = get_logger("run")
