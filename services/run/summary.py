@@ -1,5 +1,5 @@
-"""`<workdir>/summary.json`: what the run did, read from the events, and why a signal kind stayed silent
-or no task was validated."""
+"""`<workdir>/summary.json`: what the run did, read from the events, and why a signal kind stayed silent,
+no step took a GRPO update, or no task was validated."""
 from __future__ import annotations
 
 import dataclasses
@@ -47,6 +47,16 @@ def silent_reasons(tally: Tally, th: Thresholds) -> dict[str, str]:
     return reasons
 
 
+def untrained_reason(tally: Tally) -> str | None:
+    """When no step took a GRPO update, why: a group whose K rewards are all equal has advantages 0."""
+    if not tally.steps or any(s.get("loss") is not None for s in tally.steps.values()):
+        return None
+    groups = list(tally.scores.values())
+    alike = sum(len(set(g)) == 1 for g in groups)
+    return (f"no step took a GRPO update: {alike} of {len(groups)} groups scored all alike (advantages 0); "
+            f"the best rollout scored {max((max(g) for g in groups), default=0.0):.3f}")
+
+
 def unvalidated_reason(tally: Tally) -> str | None:
     """When no task was validated, why: how far the run's proposals and exploration groups got."""
     if tally.validated:
@@ -76,6 +86,7 @@ def build(tally: Tally, plan_info: dict[str, Any], phases: dict[str, float], th:
         "trajectories": tally.trajectories, "signals": {k: tally.signals.get(k, 0) for k in
                                                          ("forgetting", "boundary", "rare")},
         "signals_silent": silent_reasons(tally, th), "thresholds": dataclasses.asdict(th),
+        "updates_silent": untrained_reason(tally),
         "explorations": dict(tally.explorations), "tasks_proposed": len(tally.verdicts),
         "tasks_validated": tally.validated, "tasks_rejected": len(rejected),
         "rejected_by_stage": dict(by_stage), "rejected_by_reason": dict(reasons.most_common(20)),

@@ -90,6 +90,8 @@ def test_smoke_runs_every_stage_and_its_summary_agrees_with_the_broker(tmp_path,
     assert summary["signals"] == {k: signals.get(k, 0) for k in ("forgetting", "boundary", "rare")}
     assert sum(signals.values()) > 0, summary["signals_silent"]  # the warmed-up policy acts
     assert set(summary["signals_silent"]) == {k for k, n in summary["signals"].items() if n == 0}
+    trained = [e["step"] for e in events["StepCompleted"] if e["loss"] is not None]
+    assert (summary["updates_silent"] is None) == bool(trained), summary["updates_silent"]
     explorations = Counter(e["strategy"] for e in events["ExplorationRecorded"])
     assert summary["explorations"] == dict(explorations) and sum(explorations.values()) > 0
 

@@ -1,7 +1,7 @@
 """The run's tally of broker events, its progress line, and why silent signal kinds stayed silent."""
 import pytest
 
-from coevolve.services.run.summary import build, silent_reasons, thresholds, unvalidated_reason
+from coevolve.services.run.summary import build, silent_reasons, thresholds, untrained_reason, unvalidated_reason
 from coevolve.services.run.tally import Tally
 
 
@@ -71,3 +71,14 @@ def test_a_run_that_validated_nothing_says_how_far_its_proposals_got():
                                          "exploration groups with no proposal: 1 nothing_to_abstract")
     tally.add("TaskChecked", _verdict("d", "validated", None))
     assert unvalidated_reason(tally) is None
+
+
+def test_a_run_without_a_grpo_update_says_its_groups_scored_alike():
+    tally = Tally(run_id="r1")
+    for i, (task, score) in enumerate([("t1", 0.0), ("t1", 0.0), ("t2", 0.5), ("t2", 0.5)]):
+        tally.add("TrajectoryRecorded", _trajectory(str(i), task, 1, score))
+    tally.add("StepCompleted", {"event_id": "s1", "run_id": "r1", "step": 1, "loss": None})
+    reason = untrained_reason(tally)
+    assert "2 of 2 groups scored all alike" in reason and "0.500" in reason
+    tally.add("StepCompleted", {"event_id": "s2", "run_id": "r1", "step": 2, "loss": -0.1})
+    assert untrained_reason(tally) is None
