@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -250,6 +251,9 @@ def test_a_stopped_learner_checkpoints_and_is_retried_a_finished_one_completes(t
     env = {"PATH": f"/tmp/bin:{os.path.dirname(sys.executable)}:/usr/bin:/bin", "MARK": "/tmp/mark",
            "HOOK": hook[2] if stopped else "", "RUN_SECONDS": "300" if stopped else "3",
            "DS_ACCELERATOR": "cpu", "HOME": "/tmp"}
+    if Path(sys.prefix).resolve().is_relative_to("/tmp"):
+        pytest.skip(f"the pod's private /tmp would hide this Python environment ({sys.prefix}); run the tests "
+                    "from a checkout outside /tmp")
     probe = subprocess.run(["unshare", "-rpfm", "--mount-proc", "mount", "--bind", str(pod_tmp), "/tmp"],
                            capture_output=True)
     if probe.returncode:
