@@ -18,18 +18,22 @@ def thresholds(streams: dict[str, Any]) -> Thresholds:
     return Thresholds(**{k: streams[k] for k in names if k in streams})
 
 
+def _alike(tally: Tally) -> str:
+    """How many of the run's (task, step) groups scored all alike, and the best score of any rollout."""
+    groups = list(tally.scores.values())
+    alike = sum(len(set(g)) == 1 for g in groups)
+    top = max((max(g) for g in groups), default=0.0)
+    return f"{alike} of {len(groups)} groups scored all alike; the best rollout scored {top:.3f}"
+
+
 def silent_reasons(tally: Tally, th: Thresholds) -> dict[str, str]:
     """For each signal kind that never fired, what in the run's scores and actions explains it."""
     tau, reasons = th.success_threshold, {}
-    groups = list(tally.scores.values())
     if not tally.trajectories:
         return {kind: "no trajectory was published" for kind in ("forgetting", "boundary", "rare")
                 if not tally.signals.get(kind)}
-    top = max((max(g) for g in groups), default=0.0)
     if not tally.signals.get("boundary"):
-        alike = sum(len(set(g)) == 1 for g in groups)
-        reasons["boundary"] = (f"no task's rollouts at one step scored both >= tau ({tau}) and < tau: {alike} of "
-                               f"{len(groups)} groups scored all alike; the best rollout scored {top:.3f}")
+        reasons["boundary"] = f"no task's rollouts at one step scored both >= tau ({tau}) and < tau: {_alike(tally)}"
     if not tally.signals.get("forgetting"):
         attempts: dict[str, list[tuple[int, float]]] = defaultdict(list)
         for (task, step), scores in tally.scores.items():
@@ -51,10 +55,7 @@ def untrained_reason(tally: Tally) -> str | None:
     """When no step took a GRPO update, why: a group whose K rewards are all equal has advantages 0."""
     if not tally.steps or any(s.get("loss") is not None for s in tally.steps.values()):
         return None
-    groups = list(tally.scores.values())
-    alike = sum(len(set(g)) == 1 for g in groups)
-    return (f"no step took a GRPO update: {alike} of {len(groups)} groups scored all alike (advantages 0); "
-            f"the best rollout scored {max((max(g) for g in groups), default=0.0):.3f}")
+    return f"no step took a GRPO update (a group that scores all alike has advantages 0): {_alike(tally)}"
 
 
 def unvalidated_reason(tally: Tally) -> str | None:
