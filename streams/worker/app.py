@@ -29,8 +29,8 @@ from coevolve.streams import rules
 from coevolve.streams.worker.attempts import AttemptBatch, step_key
 from coevolve.streams.worker.config import StreamsConfig
 from coevolve.streams.worker.faust_compat import (PRODUCER_BATCH_BYTES, TRACKED_MEMORY, ConfirmedTable, confirm_writes,
-                                                  exact_highwaters, send_confirmed, shorten_fetch_wait,
-                                                  write_under)
+                                                  exact_highwaters, seek_uncommitted_to_start, send_confirmed,
+                                                  shorten_fetch_wait, write_under)
 from coevolve.streams.worker.metrics import Metrics
 from coevolve.streams.worker.rare import RareBatch
 
@@ -58,6 +58,7 @@ def new_app(cfg: StreamsConfig) -> faust.App:
         producer_max_batch_size=PRODUCER_BATCH_BYTES, producer_linger_ms=2, Table=ConfirmedTable,
         **FAUST_GROUP_TIMEOUTS_S)
     exact_highwaters(app, cfg.kafka_bootstrap)
+    seek_uncommitted_to_start(app)
     return app
 
 

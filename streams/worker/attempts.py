@@ -44,9 +44,12 @@ class AttemptBatch:
 
     def seen(self, p: int, token, trajectory: bool) -> None:
         """Note a message of partition `p` (a trajectory, valid or not, or a marker): its table writes
-        may go under `token`, and a trajectory ends the partition's idle time."""
+        may go under `token`, and a trajectory ends the partition's idle time. The idle time starts when
+        this agent first sees the partition: a worker that takes a partition over (markers pending in
+        its table, its trajectories still to be read again from the committed offset) waits as long as
+        a running one before markers close groups."""
         self.last_token[p] = token
-        if trajectory:
+        if trajectory or p not in self.last_seen:
             self.last_seen[p] = self.now
 
     def add_marker(self, p: int, marker: dict) -> None:
@@ -71,7 +74,7 @@ class AttemptBatch:
         """Apply the markers of every partition idle `marker_idle_s` that have waited as long."""
         idle_s = self.marker_idle_s
         for p, token in self.last_token.items():
-            if self.now - self.last_seen.get(p, 0.0) < idle_s:
+            if self.now - self.last_seen[p] < idle_s:
                 continue
             due = [m for m in self._pending_of(p) if self.now - m["arrived"] >= idle_s]
             if due:

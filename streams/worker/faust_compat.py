@@ -16,6 +16,12 @@
   trajectory count: it never closed by count). The agents wait for their changelog records before
   their events are acknowledged.
 - `send_confirmed`: sends through the app's producer and waits for every acknowledgement.
+- `seek_uncommitted_to_start`: after a rebalance Faust seeks each assigned partition to its committed
+  offset, and aiokafka skips the seek where none was committed. The consumer has meanwhile fetched
+  (and Faust dropped, while tables recovered) from its reset position, so such a partition resumed
+  where that fetch ended: a worker that took over a partition its killed owner never committed left
+  its first events unprocessed (a step's counts short, or no step completed at all) and, with the
+  gap, never committed it again. Those partitions now start from their first offset.
 - `TrackedMemoryStore` (store `TRACKED_MEMORY`): Faust's memory store reports no persisted offset, so
   every rebalance re-reads a kept partition's changelog from the start and applies it over the live
   table. A batch whose changelog records were still in flight then had its newer values overwritten
@@ -49,6 +55,23 @@ def exact_highwaters(app: faust.App, bootstrap: str) -> None:
         return await asyncio.to_thread(true_end_offsets, bootstrap, await reported_highwaters(*tps))
 
     consumer.highwaters = highwaters
+
+
+def seek_uncommitted_to_start(app: faust.App) -> None:
+    """Make the seek to committed offsets send the app's source partitions with no committed offset
+    back to their first offset (changelog partitions are positioned by table recovery)."""
+    consumer = app.consumer
+    seek_to_committed = consumer.seek_to_committed
+
+    async def seek() -> dict:
+        committed = await seek_to_committed()
+        changelogs = set(app.tables.changelog_topics)
+        fresh = [tp for tp, offset in committed.items() if not offset and tp.topic not in changelogs]
+        if fresh:
+            await consumer._thread.seek_to_beginning(*fresh)
+        return committed
+
+    consumer.seek_to_committed = seek
 
 
 def shorten_fetch_wait(app: faust.App, ms: int) -> None:

@@ -145,6 +145,9 @@ class SignalReader:
             f"{s['type']} step {s['step']} {s['subject']}" for s in missing[:10])
             + "; by kind, steps: " + "; ".join(f"{k} {sorted(v)}" for k, v in sorted(kinds.items())))
 
+    def missing_steps(self, expected: dict[str, dict]) -> set[int]:
+        return {expected[k]["step"] for k in expected.keys() - {m["event_id"] for m in self.messages}}
+
     def by_id(self) -> dict[str, dict]:
         out: dict[str, dict] = {}
         for m in self.messages:
@@ -153,16 +156,18 @@ class SignalReader:
         return out
 
 
-def step_counts(bootstrap: str, app_id: str, events: list) -> str:
-    """What the rare agent's input topic holds: the steps whose completed count was forwarded, and those
-    with fewer distinct trajectories counted than their step claims (for failure messages)."""
+def step_counts(bootstrap: str, app_id: str, events: list, missing: set[int] = frozenset()) -> str:
+    """What the rare agent's input topic holds: the steps whose completed count was forwarded, those
+    with fewer distinct trajectories counted than their step claims, and for each `missing` step where
+    its messages sit against the group's committed offset (for failure messages)."""
     topic = internal_topics(app_id)["counts"]
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=app_id, enable_auto_commit=False)
     tps = [TopicPartition(topic.name, p) for p in range(topic.partitions)]
+    committed = {tp.partition: consumer.committed(tp) for tp in tps}
     consumer.assign(tps)
     consumer.seek_to_beginning(*tps)
     ends = consumer.end_offsets(tps)
-    forwarded, counted, deadline = set(), {}, time.monotonic() + 20
+    forwarded, counted, placed, deadline = set(), {}, {}, time.monotonic() + 20
     while any(consumer.position(tp) < ends[tp] for tp in tps) and time.monotonic() < deadline:
         for records in consumer.poll(200).values():
             for r in records:
@@ -171,11 +176,15 @@ def step_counts(bootstrap: str, app_id: str, events: list) -> str:
                     forwarded.add(body["step"])
                 elif body["kind"] == "counts":
                     counted.setdefault(body["step"], set()).update(item[0] for item in body["items"])
+                if body.get("step") in missing:
+                    placed.setdefault(body["step"], []).append((r.partition, r.offset, body["kind"]))
     consumer.close()
     claimed = {e["step"]: e["trajectory_count"] for _t, _k, n, e in events if n == "StepCompleted"}
     short = {step: (len(counted.get(step, ())), n) for step, n in claimed.items() if len(counted.get(step, ())) < n}
     return (f"{topic.name}: completed counts forwarded for steps {sorted(forwarded)} of {sorted(claimed)}; "
-            f"steps with fewer trajectories counted than claimed (counted, claimed): {short}")
+            f"steps with fewer trajectories counted than claimed (counted, claimed): {short}; "
+            f"committed by partition {committed}, ends {[ends[tp] for tp in tps]}; missing steps' messages "
+            f"(partition, offset, kind): {placed}")
 
 
 def assert_same(live: dict[str, dict], expected: dict[str, dict]) -> None:
@@ -272,7 +281,8 @@ def test_killed_worker_restarted_mid_stream_yields_the_same_signals(bootstrap, w
         workers[0].start()
         expected = expected_from_replay(bootstrap)
         # Tansu may hold a killed member's rejoin ~100 s; a slow machine keeps making progress meanwhile
-        reader.until(expected, 240, workers, cap_s=420, explain=lambda: step_counts(bootstrap, app_id, events))
+        reader.until(expected, 240, workers, cap_s=420,
+                     explain=lambda: step_counts(bootstrap, app_id, events, reader.missing_steps(expected)))
         assert_same(reader.by_id(), expected)  # none lost, none different; a redelivered one has the same id
     finally:
         for w in workers:

@@ -138,3 +138,24 @@ def test_a_marker_waits_for_the_next_step_or_the_idle_partition():
     worker.now += 1.5
     worker.attempts([("tick", {})])
     assert worker.markers["0"] == []
+
+
+def test_a_worker_taking_a_partition_over_waits_before_its_pending_markers_close_groups():
+    log = _log(3)
+    steps = sorted({e["step"] for n, e in log if n == "StepCompleted"})
+    first = [(n, e) for n, e in log if e["step"] <= steps[-2]]  # the old owner: up to the next-to-last step
+    rest = [(n, e) for n, e in log if e["step"] == steps[-1]]
+    owner = Worker(rules.Thresholds())
+    owner.attempts(first + [m for m in rest if m[0] == "StepCompleted"])  # the last step's marker came first
+    assert [m["step"] for m in owner.markers["0"]] == steps[-2:]  # no later trajectory made them due
+    heir = Worker(rules.Thresholds())  # a new process: the tables recovered, its own clocks fresh
+    heir.tasks, heir.markers, heir.now = owner.tasks, owner.markers, owner.now + 60
+    heir.attempts([("tick", {})])  # the marker has waited a minute, but this worker has not waited at all
+    assert [m["step"] for m in heir.markers["0"]] == steps[-2:]
+    heir.attempts([m for m in rest if m[0] == "TrajectoryRecorded"])  # read again from the committed offset
+    heir.now += 2.5
+    heir.attempts([("tick", {})])
+    assert heir.markers["0"] == []
+    live = _live(log, rules.Thresholds(), 50).raised
+    ids = {s.id for s in owner.raised + heir.raised}
+    assert {s.id for s in live if s.kind != "rare" and s.step >= steps[-2]} <= ids, "their groups closed whole"
