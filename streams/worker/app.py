@@ -9,7 +9,8 @@ Topics (internal ones are prefixed by the app id and co-partitioned with the tra
 - `<app>-step-counts`, keyed by step (the group_by of pattern keys) -> `raise_rare_signals`, table
   `step_to_counts`: rare, closed by count or by the grace period (`rare.RareBatch`).
 Every send of a batch is confirmed before its table writes, and those before its events are
-acknowledged, so a killed worker re-emits (same ids) rather than loses. Undecodable or invalid input
+acknowledged, so a killed worker re-emits (same ids) rather than loses; a batch that cannot be stored
+ends the worker unacknowledged (`faust_compat.store_batch`). Undecodable or invalid input
 goes to `coevolve.deadletter` with its reason. Faust's quirks on this broker are in faust_compat.py.
 """
 from __future__ import annotations
@@ -28,9 +29,9 @@ from coevolve.services.kafka.topics import DEADLETTER, SIGNALS, STEPS, TRAJECTOR
 from coevolve.streams import rules
 from coevolve.streams.worker.attempts import AttemptBatch, step_key
 from coevolve.streams.worker.config import StreamsConfig
-from coevolve.streams.worker.faust_compat import (PRODUCER_BATCH_BYTES, TRACKED_MEMORY, ConfirmedTable, confirm_writes,
-                                                  exact_highwaters, seek_uncommitted_to_start, send_confirmed,
-                                                  shorten_fetch_wait, write_under)
+from coevolve.streams.worker.faust_compat import (PRODUCER_BATCH_BYTES, TRACKED_MEMORY, ConfirmedTable,
+                                                  exact_highwaters, resume_in_order, send_confirmed,
+                                                  shorten_fetch_wait, store_batch)
 from coevolve.streams.worker.metrics import Metrics
 from coevolve.streams.worker.rare import RareBatch
 
@@ -58,7 +59,7 @@ def new_app(cfg: StreamsConfig) -> faust.App:
         producer_max_batch_size=PRODUCER_BATCH_BYTES, producer_linger_ms=2, Table=ConfirmedTable,
         **FAUST_GROUP_TIMEOUTS_S)
     exact_highwaters(app, cfg.kafka_bootstrap)
-    seek_uncommitted_to_start(app)
+    resume_in_order(app)
     return app
 
 
@@ -154,10 +155,8 @@ def add_attempt_agent(app: faust.App, cfg: StreamsConfig, metrics: Metrics, topi
             out.signals(batch.raised, int(now * 1000))
             for key, body in batch.count_messages():
                 out.send("counts", key.encode(), body)
-            await send_confirmed(app, out.sends)
-            write_under(task_to_attempts, batch.writes)
-            write_under(partition_to_markers, batch.marker_writes())
-            await confirm_writes(task_to_attempts, partition_to_markers)
+            await store_batch(app, "attempts", out.sends, (task_to_attempts, batch.writes),
+                              (partition_to_markers, batch.marker_writes()))
             for outcome, n in batch.outcomes.items():
                 metrics.trajectories.labels(outcome).inc(n)
             metrics.batch_seconds.labels("attempts").observe(time.perf_counter() - started)
@@ -192,7 +191,7 @@ def add_step_agents(app: faust.App, cfg: StreamsConfig, metrics: Metrics, topics
                 if completed:
                     _forward(out, *completed)
                     forwarded += 1
-            await send_confirmed(app, out.sends)
+            await store_batch(app, "steps", out.sends)
             metrics.steps.labels("forwarded").inc(forwarded)
 
     @app.agent(topics["counts"])
@@ -212,9 +211,7 @@ def add_step_agents(app: faust.App, cfg: StreamsConfig, metrics: Metrics, topics
                 else:
                     batch.add(ev.message.partition, ev, body)
             out.signals(batch.raised, int(now * 1000))
-            await send_confirmed(app, out.sends)
-            write_under(step_to_counts, batch.writes)
-            await confirm_writes(step_to_counts)
+            await store_batch(app, "rare", out.sends, (step_to_counts, batch.writes))
             for stage, n in batch.closed.items():
                 metrics.steps.labels(stage).inc(n)
             metrics.batch_seconds.labels("rare").observe(time.perf_counter() - started)

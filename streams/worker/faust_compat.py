@@ -16,12 +16,18 @@
   trajectory count: it never closed by count). The agents wait for their changelog records before
   their events are acknowledged.
 - `send_confirmed`: sends through the app's producer and waits for every acknowledgement.
-- `seek_uncommitted_to_start`: after a rebalance Faust seeks each assigned partition to its committed
-  offset, and aiokafka skips the seek where none was committed. The consumer has meanwhile fetched
-  (and Faust dropped, while tables recovered) from its reset position, so such a partition resumed
-  where that fetch ended: a worker that took over a partition its killed owner never committed left
-  its first events unprocessed (a step's counts short, or no step completed at all) and, with the
-  gap, never committed it again. Those partitions now start from their first offset.
+- `resume_in_order`: over a rebalance Faust kept handing streams what its consumer fetched, skipping
+  (and acknowledging) some while the flow was suspended, until recovery sought each partition to its
+  committed offset; aiokafka skips that seek where nothing was committed. A partition then resumed out
+  of order or with a hole: the first events where a killed worker never committed went unprocessed,
+  and a fetch handed out across the seek raised Faust's "read offset" past the committed one, so the
+  events fetched again were dropped (steps never counted whole; the gap stopped commits too). Now,
+  from a rebalance's start, the streams get nothing until the seek, which now positions every source
+  partition at once (uncommitted ones at their first offset); then each resumes at that message.
+- `store_batch`: `take_events` acknowledges a batch's events in a `finally`, so when an agent raised
+  while storing them Faust restarted the agent with the batch acknowledged and its results never
+  stored. A batch that cannot be stored now ends the process before anything acknowledges it; the
+  supervisor (Kubernetes, `coevolve run`) starts it again from the committed offsets.
 - `TrackedMemoryStore` (store `TRACKED_MEMORY`): Faust's memory store reports no persisted offset, so
   every rebalance re-reads a kept partition's changelog from the start and applies it over the live
   table. A batch whose changelog records were still in flight then had its newer values overwritten
@@ -33,6 +39,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import weakref
 
 import faust
@@ -41,8 +49,11 @@ from faust.stores.memory import Store as MemoryStore
 from faust.streams import _current_event  # the event whose partition a table write goes to
 
 from coevolve.services.kafka.offsets import true_end_offsets
+from coevolve.services.runtime.log import get_logger
 
+log = get_logger("streams")
 PRODUCER_BATCH_BYTES = 256 * 1024
+EXIT_UNSTORED = 75  # EX_TEMPFAIL: start the worker again
 TRACKED_MEMORY = "trackedmemory://"
 
 
@@ -57,21 +68,61 @@ def exact_highwaters(app: faust.App, bootstrap: str) -> None:
     consumer.highwaters = highwaters
 
 
-def seek_uncommitted_to_start(app: faust.App) -> None:
-    """Make the seek to committed offsets send the app's source partitions with no committed offset
-    back to their first offset (changelog partitions are positioned by table recovery)."""
+class _ResumeGate:
+    """Which source partitions may reach the streams: none from a rebalance's start until its seek,
+    then each once its message at the seek target (the committed or first offset) comes."""
+
+    def __init__(self, tables):
+        self.tables = tables  # the app's table manager: table recovery reads the changelogs meanwhile
+        self.changelogs: frozenset = frozenset()
+        self.held = True
+        self.targets: dict = {}  # TP -> offset its stream resumes at
+
+    def is_changelog(self, topic: str) -> bool:
+        if not self.changelogs:  # the tables register theirs as the app starts
+            self.changelogs = frozenset(self.tables.changelog_topics)
+        return topic in self.changelogs
+
+    def passes(self, tp, offset: int) -> bool:
+        if self.is_changelog(tp.topic):
+            return True
+        if self.held:
+            return False
+        target = self.targets.get(tp)
+        if target is None or offset <= target:
+            self.targets.pop(tp, None)
+            return True
+        return False
+
+
+def resume_in_order(app: faust.App) -> None:
+    """Hold the app's source partitions from each rebalance's start until its seek to committed
+    offsets (uncommitted ones to their first), then resume each at its seek target."""
     consumer = app.consumer
-    seek_to_committed = consumer.seek_to_committed
+    gate = _ResumeGate(app.tables)
+    on_rebalance_start, seek_to_committed = app.on_rebalance_start, consumer.seek_to_committed
+    getmany = consumer.getmany
+
+    def hold() -> None:
+        gate.held = True
+        on_rebalance_start()
 
     async def seek() -> dict:
         committed = await seek_to_committed()
-        changelogs = set(app.tables.changelog_topics)
-        fresh = [tp for tp, offset in committed.items() if not offset and tp.topic not in changelogs]
-        if fresh:
-            await consumer._thread.seek_to_beginning(*fresh)
+        sources = [tp for tp in committed if not gate.is_changelog(tp.topic)]
+        first = await consumer.earliest_offsets(*sources) if sources else {}
+        targets = {tp: max(committed[tp] or 0, first.get(tp) or 0) for tp in sources}
+        if targets:  # a seek that takes effect at once: a fetch still in flight is discarded
+            await consumer.seek_wait(targets)
+        gate.targets, gate.held = dict(targets), False
         return committed
 
-    consumer.seek_to_committed = seek
+    async def gated(timeout: float):
+        async for tp, message in getmany(timeout=timeout):
+            if gate.passes(tp, message.offset):
+                yield tp, message
+
+    app.on_rebalance_start, consumer.seek_to_committed, consumer.getmany = hold, seek, gated
 
 
 def shorten_fetch_wait(app: faust.App, ms: int) -> None:
@@ -155,3 +206,20 @@ async def send_confirmed(app: faust.App, sends: list) -> None:
                for topic, key, value, part in sends]
     if futures:
         await asyncio.gather(*futures)
+
+
+async def store_batch(app: faust.App, agent: str, sends: list, *writes: tuple) -> None:
+    """Store a batch's results: its sends, then each (table, writes) pair, each confirmed by the
+    broker. On any failure, or a cancel (a stop) half-way, the process ends at once (`EXIT_UNSTORED`),
+    its events unacknowledged."""
+    try:
+        await send_confirmed(app, sends)
+        for table, table_writes in writes:
+            write_under(table, table_writes)
+        await confirm_writes(*(table for table, _ in writes))
+    except (Exception, asyncio.CancelledError) as exc:
+        log.error("streams.batch.unstored", agent=agent, error=repr(exc),
+                  hint="the worker exits without acknowledging the batch; restarted, it reads the batch "
+                       "again from the committed offsets. Check the broker if this repeats.")
+        sys.stderr.flush()
+        os._exit(EXIT_UNSTORED)

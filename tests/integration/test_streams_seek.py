@@ -1,6 +1,6 @@
 """After a rebalance a worker resumes each source partition from its committed offset, and one that was
-never committed from its first offset (`faust_compat.seek_uncommitted_to_start`), on the real broker
-and aiokafka's own seek: it leaves a partition with no committed offset wherever a fetch left it."""
+never committed from its first offset (`faust_compat.resume_in_order`), on the real broker and
+aiokafka's own seek: it leaves a partition with no committed offset wherever a fetch left it."""
 from __future__ import annotations
 
 import asyncio
@@ -13,7 +13,7 @@ from aiokafka.structs import OffsetAndMetadata
 
 from coevolve.services.kafka.producer import EventProducer
 from coevolve.services.kafka.topics import Topic, create_topics
-from coevolve.streams.worker.faust_compat import seek_uncommitted_to_start
+from coevolve.streams.worker.faust_compat import resume_in_order
 
 pytestmark = pytest.mark.integration
 MESSAGES = 5
@@ -30,6 +30,13 @@ async def fetch_all(consumer: AIOKafkaConsumer, tps: list[TopicPartition]) -> No
     raise AssertionError(f"positions {positions}, wanted {MESSAGES} each")
 
 
+async def seek_wait(consumer: AIOKafkaConsumer, targets: dict) -> None:
+    """Faust's seek_wait on its aiokafka consumer: seek each partition, then wait for the positions."""
+    for tp, offset in targets.items():
+        consumer.seek(tp, offset)
+    await asyncio.gather(*(consumer.position(tp) for tp in targets))
+
+
 async def positions_after_the_seek(bootstrap: str, names: dict[str, str]) -> tuple[dict, dict]:
     tps = {role: TopicPartition(name, 0) for role, name in names.items()}
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=f"g-{uuid.uuid4().hex[:8]}",
@@ -43,10 +50,11 @@ async def positions_after_the_seek(bootstrap: str, names: dict[str, str]) -> tup
         plain = {role: await consumer.position(tp) for role, tp in tps.items()}
         await fetch_all(consumer, list(tps.values()))
         app = SimpleNamespace(
-            consumer=SimpleNamespace(seek_to_committed=consumer.seek_to_committed,
-                                     _thread=SimpleNamespace(seek_to_beginning=consumer.seek_to_beginning)),
-            tables=SimpleNamespace(changelog_topics={names["changelog"]}))
-        seek_uncommitted_to_start(app)
+            on_rebalance_start=lambda: None, tables=SimpleNamespace(changelog_topics={names["changelog"]}),
+            consumer=SimpleNamespace(seek_to_committed=consumer.seek_to_committed, getmany=None,
+                                     earliest_offsets=lambda *tps: consumer.beginning_offsets(tps),
+                                     seek_wait=lambda targets: seek_wait(consumer, targets)))
+        resume_in_order(app)
         await app.consumer.seek_to_committed()
         return plain, {role: await consumer.position(tp) for role, tp in tps.items()}
     finally:

@@ -1,16 +1,19 @@
 """The worker's table store remembers the changelog offset its contents reflect, so a rebalance that
-re-reads a kept partition's changelog from the start cannot put older values over newer ones."""
+re-reads a kept partition's changelog from the start cannot put older values over newer ones; a batch
+whose results cannot be stored ends the worker before Faust acknowledges it."""
 from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from types import SimpleNamespace
 
 from faust.types import TP
 
 from coevolve.streams.worker.app import build_app
 from coevolve.streams.worker.config import StreamsConfig
-from coevolve.streams.worker.faust_compat import TrackedMemoryStore
+from coevolve.streams.worker.faust_compat import EXIT_UNSTORED, TrackedMemoryStore
 from coevolve.streams.worker.metrics import Metrics
 
 CHANGELOG = TP("t-app-step_to_counts-changelog", 1)
@@ -55,3 +58,29 @@ def test_a_partition_that_moves_away_is_read_whole_when_it_comes_back(tmp_path):
     apply(store, [record(0, "a", 1, other), record(4, "b", 1)])
     asyncio.run(store.on_recovery_completed({CHANGELOG}, set()))
     assert store.persisted_offset(other) is None and store.persisted_offset(CHANGELOG) == 4
+
+
+FAILING_STORE = """
+import asyncio
+from types import SimpleNamespace
+from coevolve.services.runtime import log
+from coevolve.streams.worker import faust_compat
+
+log.configure()  # as the worker's service does
+
+class Producer:
+    async def send(self, *args):
+        raise OSError("broker gone")
+
+topic = SimpleNamespace(get_topic_name=lambda: "coevolve.signals")
+app = SimpleNamespace(producer=Producer())
+asyncio.run(faust_compat.store_batch(app, "rare", [(topic, b"k", b"v", None)]))
+print("returned")
+"""
+
+
+def test_a_batch_that_cannot_be_stored_ends_the_worker_before_it_is_acknowledged():
+    done = subprocess.run([sys.executable, "-c", FAILING_STORE], capture_output=True, text=True, timeout=60)
+    assert done.returncode == EXIT_UNSTORED and "returned" not in done.stdout
+    line = json.loads(next(s for s in done.stderr.splitlines() if "streams.batch.unstored" in s))
+    assert line["agent"] == "rare" and "broker gone" in line["error"] and "committed offsets" in line["hint"]
