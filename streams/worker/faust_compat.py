@@ -22,7 +22,7 @@
   of order or with a hole: the first events where a killed worker never committed went unprocessed,
   and a fetch handed out across the seek raised Faust's "read offset" past the committed one, so the
   events fetched again were dropped (steps never counted whole; the gap stopped commits too). Now,
-  from a rebalance's start, the streams get nothing until the seek, which now positions every source
+  from a rebalance's start, the streams get nothing until the seek, which positions every source
   partition at once (uncommitted ones at their first offset); then each resumes at that message.
 - `store_batch`: `take_events` acknowledges a batch's events in a `finally`, so when an agent raised
   while storing them Faust restarted the agent with the batch acknowledged and its results never
@@ -114,7 +114,7 @@ def resume_in_order(app: faust.App) -> None:
         targets = {tp: max(committed[tp] or 0, first.get(tp) or 0) for tp in sources}
         if targets:  # a seek that takes effect at once: a fetch still in flight is discarded
             await consumer.seek_wait(targets)
-        gate.targets, gate.held = dict(targets), False
+        gate.targets, gate.held = targets, False
         return committed
 
     async def gated(timeout: float):
