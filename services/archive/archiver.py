@@ -119,9 +119,9 @@ class Archiver(Service):
         log.info("archiver.stored", events=batch.events, seconds=round(time.monotonic() - started, 3),
                  tables={t: len(r) for t, r in batch.rows.items()})
 
-    def commit(self, consumer) -> None:
+    def commit(self, consumer) -> bool:
         """Commit the offsets of everything polled so far (all of it stored by now)."""
-        consumer.commit()
+        return consumer.commit()
 
     def start(self) -> None:
         cfg = self.cfg

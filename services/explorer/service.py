@@ -117,6 +117,8 @@ class Explorer(Service):
             elif item.name == "StepCompleted":
                 plans += self.buffer.step_completed(str(item.event["run_id"]), int(item.event["step"]),
                                                     time.monotonic())
+            else:
+                self.consumer.reject(item, "invalid", f"expected SignalRaised or StepCompleted, got {item.name}")
         plans += self.buffer.expire(time.monotonic())
         if items or plans or not self.consumer.assigned():
             self.last_event = self.last_beat
@@ -166,10 +168,10 @@ class Explorer(Service):
                 self.m_dead.inc()
         self.producer.flush()
 
-    def _commit(self) -> None:
+    def _commit(self) -> bool:
         """Commit everything polled: every signal in it has been explored or dead-lettered."""
         self.delivered.clear()
-        self.consumer.commit()
+        return self.consumer.commit()
 
     def finish(self) -> None:
         for closable in (self.consumer, self.producer, self.backend):

@@ -126,9 +126,11 @@ class Service:
 
     def settle(self, work: Callable[[], object], commit: Callable[[], object], events: int) -> None:
         """Run `work` (store or publish, confirmed), then `commit` the offsets it covers: a failure in
-        `work` leaves them uncommitted, so the events come again."""
+        `work` leaves them uncommitted, so the events come again. A commit that returns False (the group
+        moved on) is not counted: its events come again, to this member or another."""
         work()
-        commit()
+        if commit() is False:
+            return
         self.m_commit.set(time.time())
         self.committed_events += events
         self.m_events.inc(events)

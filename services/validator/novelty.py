@@ -5,6 +5,9 @@ Two tests, either one rejects:
   same initial state of the same classes;
 - instructions (the user turns joined) at least `threshold` similar to a known task's, by rapidfuzz's
   `token_sort_ratio` (0-100) after its default normalization (lower case, punctuation stripped).
+
+A task is never compared with itself: a task id already in the index (validated before a restart, say)
+is skipped in both tests, and adding it again changes nothing.
 """
 from __future__ import annotations
 
@@ -40,9 +43,10 @@ class NoveltyIndex:
 
     def __init__(self, tasks: Iterable[Task] = (), threshold: float = 90.0):
         self.threshold = threshold
-        self._by_behaviour: dict[str, str] = {}
+        self._by_behaviour: dict[str, list[str]] = {}
         self._texts: list[str] = []
         self._ids: list[str] = []
+        self._known: set[str] = set()
         for task in tasks:
             self.add(task)
 
@@ -50,21 +54,25 @@ class NoveltyIndex:
         return len(self._ids)
 
     def add(self, task: Task) -> None:
-        self._by_behaviour.setdefault(behaviour_key(task), task.task_id)
+        if task.task_id in self._known:
+            return
+        self._known.add(task.task_id)
+        self._by_behaviour.setdefault(behaviour_key(task), []).append(task.task_id)
         self._texts.append(instructions(task))
         self._ids.append(task.task_id)
 
     def check(self, task: Task) -> StageOutcome:
-        """Stage 3's outcome for `task` against every known task."""
-        same = self._by_behaviour.get(behaviour_key(task))
-        if same is not None:
-            return StageOutcome("novel", False, f"duplicate of {same}: the same reference calls on the "
+        """Stage 3's outcome for `task` against every known task other than itself."""
+        same = [i for i in self._by_behaviour.get(behaviour_key(task), []) if i != task.task_id]
+        if same:
+            return StageOutcome("novel", False, f"duplicate of {same[0]}: the same reference calls on the "
                                                 "same initial state")
-        match = process.extractOne(instructions(task), self._texts, scorer=fuzz.token_sort_ratio,
-                                   processor=utils.default_process, score_cutoff=self.threshold)
-        if match is not None:
-            _, score, index = match
-            return StageOutcome("novel", False, f"near-duplicate of {self._ids[index]}: instructions "
-                                                f"{score:.1f}% similar (threshold {self.threshold:g})")
+        # The best two matches: the best may be the task itself, which holds at most one entry.
+        matches = process.extract(instructions(task), self._texts, scorer=fuzz.token_sort_ratio,
+                                  processor=utils.default_process, score_cutoff=self.threshold, limit=2)
+        for _, score, index in matches:
+            if self._ids[index] != task.task_id:
+                return StageOutcome("novel", False, f"near-duplicate of {self._ids[index]}: instructions "
+                                                    f"{score:.1f}% similar (threshold {self.threshold:g})")
         return StageOutcome("novel", True, f"no known task among {len(self)} has the same reference on the "
                                            f"same state or instructions {self.threshold:g}% similar")

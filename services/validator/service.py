@@ -4,9 +4,14 @@ Explorations gather in `ExplorationGroups` (the rounds of one source on one task
 or one that waited `group_wait_s`, is abstracted by the model into a proposed task, which goes through
 the validation stages (`proposing.check_groups`, one batched abstraction for every ready group). Every verdict is published to `coevolve.tasks`, keyed
 by the task id; a group whose abstraction never parsed goes to the dead-letter topic with the reason.
-Offsets are committed after publishing, and only while no exploration waits in an open group. At
-start the tasks already validated on `coevolve.tasks` join the novelty index, so a restart keeps
-rejecting their duplicates.
+Offsets are committed after publishing, and only while no exploration waits in an open group. An event
+that is not an `ExplorationRecorded` is dead-lettered (`invalid`).
+
+A task is judged once. Its id derives from the group's exploration ids, and at start the validator
+reads every verdict on `coevolve.tasks`: a group redelivered after a crash between publishing and
+committing (or re-emitted upstream) has a verdict already, so it is skipped, not judged again, and no
+second verdict can replace the first under the compacted key. The tasks validated before join the
+novelty index, so a restart keeps rejecting their duplicates.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from coevolve.services.kafka.producer import EventProducer
 from coevolve.services.kafka.topics import EXPLORATIONS, TASKS
 from coevolve.services.runtime.config import ConfigError, doc
 from coevolve.services.runtime.service import Service
+from coevolve.services.validator.abstraction import synthesized_task_id
 from coevolve.services.validator.config import ValidatorConfig
 from coevolve.services.validator.groups import ExplorationGroups
 from coevolve.services.validator.novelty import NoveltyIndex
@@ -63,6 +69,7 @@ class Validator(Service):
         self.attempt_sampling = SamplingConfig(temperature=0.0, max_new_tokens=cfg.max_new_tokens)
         self.limits = EpisodeLimits(max_calls_per_turn=cfg.attempt_calls_per_turn)
         self.index: NoveltyIndex | None = None
+        self.judged: dict[str, str] = {}  # task id -> its verdict, from coevolve.tasks and this process
         self.delivered: dict = {}
         self.backend = self.consumer = self.producer = None
         self.uncommitted = 0
@@ -78,6 +85,8 @@ class Validator(Service):
                                   ["verdict", "stage"], registry=reg)
         self.m_dead = Counter("validator_dead_letters", "Groups dead-lettered (abstraction unparseable or "
                               "no seed task).", ["error_type"], registry=reg)
+        self.m_judged = Counter("validator_groups_already_judged", "Ready groups skipped because their task "
+                                "has a verdict (a redelivery or a re-emitted exploration).", registry=reg)
         self.m_pass_rate = Gauge("validator_pass_rate", "Validated share of the verdicts published so far.",
                                  registry=reg)
 
@@ -112,6 +121,7 @@ class Validator(Service):
             reader.close()
         known = 0
         for record in latest.values():  # the last verdict per task, as compaction keeps it
+            self.judged[str(record["task_id"])] = str(record["verdict"])
             if record["verdict"] != "validated":
                 continue
             try:
@@ -128,12 +138,15 @@ class Validator(Service):
         self.beat()
         ready: list = []
         for item in items:
+            if item.name != "ExplorationRecorded":
+                self.consumer.reject(item, "invalid", f"expected ExplorationRecorded, got {item.name}")
+                continue
             self.delivered[str(item.event["event_id"])] = item
             group = self.groups.add(item.event, time.monotonic())
             if group is not None:
                 ready.append(group)
         self.m_explorations.inc(len(items))
-        ready += self.groups.expire(time.monotonic(), self.cfg.group_wait_s)
+        ready = self._unjudged(ready + self.groups.expire(time.monotonic(), self.cfg.group_wait_s))
         if items or ready or not self.consumer.assigned():
             self.last_event = self.last_beat
         results: list[Checked] = []
@@ -151,6 +164,19 @@ class Validator(Service):
         if self.cfg.idle_exit_seconds and not self.groups.pending and idle >= self.cfg.idle_exit_seconds:
             self.stop()
 
+    def _unjudged(self, groups: list) -> list:
+        """The groups whose task has no verdict yet; the others are logged and skipped."""
+        out = []
+        for group in groups:
+            task_id = synthesized_task_id(str(e["event_id"]) for e in group)
+            if task_id not in self.judged:
+                out.append(group)
+                continue
+            self.m_judged.inc()
+            self.log.info("validator.already_judged", task_id=task_id, verdict=self.judged[task_id],
+                          explorations=len(group))
+        return out
+
     def _publish(self, groups: list, results: list[Checked]) -> None:
         """Send every verdict and dead letter, and wait until the broker has them all."""
         for group, result in zip(groups, results):
@@ -162,6 +188,7 @@ class Validator(Service):
                 continue
             self.m_proposed.inc()
             self.producer.send(TASKS.name, result.record, key=result.record["task_id"])
+            self.judged[str(result.record["task_id"])] = str(result.record["verdict"])
             verdict = result.verdict
             self.m_verdicts.labels(result.record["verdict"], verdict.stages[-1].stage).inc()
             self.checked += 1
@@ -169,9 +196,9 @@ class Validator(Service):
             self.m_pass_rate.set(self.validated / self.checked)
         self.producer.flush()
 
-    def _commit(self) -> None:
+    def _commit(self) -> bool:
         self.delivered.clear()
-        self.consumer.commit()
+        return self.consumer.commit()
 
     def finish(self) -> None:
         for closable in (self.consumer, self.producer, self.backend):

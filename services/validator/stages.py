@@ -1,7 +1,9 @@
 """The validation stages a proposed task goes through, in order; each returns its outcome and reason.
 
 1. `well_formed`: the task has turns, every turn has reference calls, every reference call parses as
-   one plain call with literal arguments, and names a public tool of an involved class.
+   one plain call with literal arguments, and names a public tool of an involved class, and the
+   initial state loads into those classes (so no task that cannot start reaches the learner, even with
+   validation off).
 2. `executable`: from the initial state, the reference runs with no call rejected, raising or
    returning an error, and it changes the state or returns information (a hallucinated task fails).
 3. `novel`: not a near-duplicate of a known task (`novelty.py`).
@@ -58,6 +60,10 @@ def check_well_formed(task: Task) -> StageOutcome:
     owner = _tools(task)
     if isinstance(owner, str):
         return _malformed(owner)
+    try:
+        Workspace(task)
+    except InvalidTask as exc:
+        return _malformed(str(exc))
     count = 0
     for turn, calls in enumerate(task.reference):
         for source in calls:

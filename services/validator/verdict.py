@@ -79,14 +79,20 @@ def validate(task: Task, index: NoveltyIndex, attempt: Attempt, config: Validato
     return Verdict(task, outcome.passed, tuple(stages), score)
 
 
+def verdict_id(task_id: str, verdict: str) -> str:
+    """The `TaskChecked.event_id` of `verdict` ("validated" or "rejected") on `task_id`."""
+    return hashlib.sha256(json.dumps(["verdict", task_id, verdict]).encode()).hexdigest()[:32]
+
+
 def verdict_record(verdict: Verdict, run_id: str, step: int, seed_task_id: str | None,
                    signal_ids: Sequence[str], exploration_ids: Sequence[str],
                    produced_at: int) -> dict[str, Any]:
-    """The verdict as a `TaskChecked` event; the same verdict of the same task gives the same id."""
+    """The verdict as a `TaskChecked` event. Its id is the task's and the verdict's alone (not the reason's
+    text, which counts the known tasks), so the archive keeps one row for a verdict published twice."""
     body = {**verdict.task.to_record(), "verdict": "validated" if verdict.validated else "rejected",
             "reason": verdict.reason, "stage": verdict.stage,
             "stages": [s.to_record() for s in verdict.stages]}
-    event_id = hashlib.sha256(json.dumps(["verdict", body], sort_keys=True).encode()).hexdigest()[:32]
+    event_id = verdict_id(verdict.task.task_id, body["verdict"])
     return {"event_id": event_id, "run_id": run_id, "step": int(step), "source": "synthesized", **body,
             "signal_ids": list(signal_ids), "exploration_ids": list(exploration_ids),
             "validation_score": verdict.score, "seed_task_id": seed_task_id, "produced_at": int(produced_at)}

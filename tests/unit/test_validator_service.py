@@ -58,12 +58,24 @@ def test_a_proposal_the_agent_solves_is_validated_and_recorded_with_every_stage(
     assert len(index) == 2  # the validated task joins the novelty index
 
 
-def test_the_same_task_proposed_again_is_a_duplicate():
+def test_the_same_task_proposed_from_other_explorations_is_a_duplicate():
     backend = _backend(json.dumps(PROPOSAL), "[" + ", ".join(CALLS) + "]")
-    _, index = _check(backend)
-    again, _ = _check(backend, index)
+    first, index = _check(backend)
+    other = [{**e, "event_id": f"other-{e['event_id']}"} for e in _group()]
+    again = check_group(other, backend, index, ValidatorConfig(), SAMPLING, LIMITS)
+    assert again.record["task_id"] != first.record["task_id"]
     assert again.record["verdict"] == "rejected" and again.record["stage"] == "novel"
-    assert "duplicate of synthesized_" in again.record["reason"]
+    assert f"duplicate of {first.record['task_id']}" in again.record["reason"]
+
+
+def test_a_task_checked_again_is_not_a_duplicate_of_itself():
+    """A redelivered group gives the same task id; the index already holds that task (validated before a
+    restart) and must not reject it as its own duplicate, nor change its verdict's id."""
+    backend = _backend(json.dumps(PROPOSAL), "[" + ", ".join(CALLS) + "]")
+    first, index = _check(backend)
+    again, _ = _check(backend, index)
+    assert again.record["verdict"] == "validated", again.record["reason"]
+    assert again.record["event_id"] == first.record["event_id"] and len(index) == 2
 
 
 def test_an_attempt_that_scores_zero_rejects_the_task_at_the_dual_pass():

@@ -1,4 +1,6 @@
 """Validation stages with handcrafted tasks: each is rejected at the right stage, with its reason."""
+import dataclasses
+
 import pytest
 
 from coevolve.schemas import default_registry
@@ -64,7 +66,9 @@ def test_a_valid_task_passes_every_stage_in_order(seeds):
     assert all(s.passed for s in verdict.stages) and verdict.score == 0.5
     assert verdict.reason == ("passed well_formed, executable, novel, dual_pass; attempt scored 0.50 "
                               "(1 of 2 turns passed): a positive partial score")
-    assert index.check(VALID).reason.startswith(f"duplicate of {VALID.task_id}")  # it joined the index
+    copy = dataclasses.replace(VALID, task_id="synthesized_copy")
+    assert index.check(copy).reason.startswith(f"duplicate of {VALID.task_id}")  # it joined the index
+    assert index.check(VALID).passed  # and is never its own duplicate
 
 
 @pytest.mark.parametrize("task,stage,reason", [
@@ -151,3 +155,14 @@ def test_an_episodes_actions_become_the_attempt_the_dual_pass_scores(seeds):
     verdict = validate(VALID, NoveltyIndex(seeds), lambda task: attempt_calls(actions, len(task.turns)),
                        ValidatorConfig())
     assert verdict.validated and verdict.score == 0.5
+
+
+@pytest.mark.parametrize("state,reason", [
+    ({"GorillaFileSystem": "not an object"}, "initial state of GorillaFileSystem must be an object"),
+    ({"GorillaFileSystem": {"root": 7}}, "cannot load the initial state of GorillaFileSystem"),
+])
+def test_a_task_whose_state_cannot_load_is_malformed_even_with_validation_off(seeds, state, reason):
+    task = dataclasses.replace(VALID, task_id="synthesized_unloadable", initial_state=state)
+    verdict, attempts, _ = run(task, seeds, {}, ValidatorConfig(validation=False))
+    assert not verdict.validated and verdict.stage == "well_formed" and reason in verdict.reason
+    assert attempts.asked == []
