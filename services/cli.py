@@ -80,6 +80,46 @@ def topics_create(bootstrap: Optional[str] = BootstrapOpt) -> None:
         print(f"{name:24s} {state:8s} partitions={topic.partitions} {topic.configs}")
 
 
+deadletters_app = typer.Typer(help="Inspect dead letters and replay them after their cause is fixed.",
+                              no_args_is_help=True)
+app.add_typer(deadletters_app, name="deadletters")
+
+
+@deadletters_app.command("list")
+def deadletters_list(bootstrap: Optional[str] = BootstrapOpt,
+                     since: Optional[str] = typer.Option(None, help="Only letters since: 30m, 2h, 7d or an ISO time."),
+                     examples: int = typer.Option(3, help="Newest letters shown per service and reason.")) -> None:
+    """Count dead letters by service and reason, with the newest of each."""
+    from coevolve.services.kafka.deadletters import produced_ms, read_letters, since_ms, summarize
+
+    try:
+        after = since_ms(since) if since else None
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--since") from None
+    summary = summarize(read_letters(_require(bootstrap), after), examples)
+    if not summary.counts:
+        print("no dead letters" + (f" since {since}" if since else ""))
+    for (service, reason), count in summary.counts.most_common():
+        print(f"{count:6d}  {service}  {reason}")
+        for letter in summary.newest[(service, reason)]:
+            at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(produced_ms(letter) / 1000))
+            where = f"{letter['source_topic']}:{letter['source_partition']}@{letter['source_offset']}"
+            print(f"        {at}  {where}  {letter['event_id']}  {str(letter['reason'])[:160]}")
+
+
+@deadletters_app.command("replay")
+def deadletters_replay(reason: str = typer.Option(..., "--reason", help="The error type to replay (as listed)."),
+                       service: Optional[str] = typer.Option(None, help="Only letters from this service."),
+                       bootstrap: Optional[str] = BootstrapOpt) -> None:
+    """Re-publish the original bytes of matching letters to their source topics, each once."""
+    from coevolve.services.kafka.deadletters import replay
+
+    sent = replay(_require(bootstrap), reason, service)
+    topics = sorted({str(letter["source_topic"]) for letter in sent})
+    print(f"replayed {len(sent)} dead letter(s) of {reason}" + (f" from {service}" if service else "") +
+          (f" to {', '.join(topics)}" if topics else ""))
+
+
 @app.command()
 def simulate(
     bootstrap: Optional[str] = BootstrapOpt,

@@ -21,6 +21,8 @@ TOOLS = ROOT / ".venv-tools/bin"
 # What a Secret key stands for when the tests expand arguments: the shape docs/deploy.md creates.
 SECRET_STANDINS = {("coevolve-clickhouse", "url"): "http://coevolve:password@clickhouse:8123",
                    ("coevolve-clickhouse", "password"): "password", ("coevolve-llm", "api-key"): "key"}
+# What a KafkaUser's Secret (Strimzi makes it, named after the user) stands for: its SCRAM password.
+KAFKA_USER_STANDIN = "scram-password"
 
 
 def render_text(target: str) -> str:
@@ -52,6 +54,14 @@ def find(docs: list[dict], kind: str, name: str) -> dict:
     return next(d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name)
 
 
+def secret_standin(ref: dict, docs: list[dict]) -> str:
+    """The stand-in of a secretKeyRef: a Secret docs/deploy.md creates, or a KafkaUser's of the render."""
+    users = {d["metadata"]["name"] for d in docs if d["kind"] == "KafkaUser"}
+    if ref["name"] in users and ref["key"] == "password":
+        return KAFKA_USER_STANDIN
+    return SECRET_STANDINS[(ref["name"], ref["key"])]
+
+
 def container_env(container: dict, docs: list[dict]) -> dict[str, str]:
     """The container's environment: envFrom ConfigMaps of the render, then env (Secrets as stand-ins)."""
     env: dict[str, str] = {}
@@ -60,7 +70,7 @@ def container_env(container: dict, docs: list[dict]) -> dict[str, str]:
     for var in container.get("env", []):
         ref = var.get("valueFrom", {})
         if "secretKeyRef" in ref:
-            env[var["name"]] = SECRET_STANDINS[(ref["secretKeyRef"]["name"], ref["secretKeyRef"]["key"])]
+            env[var["name"]] = secret_standin(ref["secretKeyRef"], docs)
         elif "configMapKeyRef" in ref:
             key = ref["configMapKeyRef"]
             env[var["name"]] = find(docs, "ConfigMap", key["name"])["data"][key["key"]]

@@ -1,23 +1,28 @@
 """Consume and decode Avro events; what cannot be decoded becomes a dead-letter event, never a crash."""
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from kafka import KafkaConsumer, TopicPartition
+from kafka.errors import CommitFailedError, IllegalGenerationError, RebalanceInProgressError, UnknownMemberIdError
 
 from coevolve.schemas import DecodeError, SchemaRegistry, default_registry
 from coevolve.services.kafka.offsets import true_end_offsets
 from coevolve.services.kafka.producer import EventProducer
+from coevolve.services.kafka.security import KafkaSecurity
 from coevolve.services.kafka.settings import FETCH_MAX_WAIT_MS, GROUP_TIMEOUTS_MS
 from coevolve.services.kafka.topics import DEADLETTER
 from coevolve.services.runtime.log import get_logger
 
 log = get_logger("consumer")
+# A commit the group no longer accepts: the member was rebalanced out, or a rebalance is under way. The
+# partitions it kept are committed by its next commit; those it lost are read again by their new owner.
+GROUP_MOVED = (CommitFailedError, RebalanceInProgressError, IllegalGenerationError, UnknownMemberIdError)
 
 
 @dataclass(frozen=True)
@@ -32,11 +37,21 @@ class Delivered:
     event: dict
 
 
+def dead_letter_id(service: str, topic: str, partition: int | None, offset: int | None, error_type: str,
+                   payload: bytes) -> str:
+    """The same input rejected by the same service for the same reason always gets the same id, so a
+    redelivered bad event is one dead letter downstream. The reason's free text (which may quote a
+    model's answer) is not part of it; an input with no offset is identified by its bytes."""
+    where = [partition, offset] if offset is not None else [hashlib.sha256(payload or b"").hexdigest()]
+    text = "\x1f".join(map(str, ["deadletter", service, topic, *where, error_type]))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
 def dead_letter(topic: str, partition: int | None, offset: int | None, key: bytes | None,
                 payload: bytes, error_type: str, reason: str, service: str) -> dict:
     """Build a DeadLettered event that keeps the original bytes whole."""
     return {
-        "event_id": str(uuid.uuid4()), "source_topic": topic, "source_partition": partition,
+        "event_id": dead_letter_id(service, topic, partition, offset, error_type, payload), "source_topic": topic, "source_partition": partition,
         "source_offset": offset, "key": key, "payload": payload or b"", "error_type": error_type,
         "reason": reason, "service": service, "produced_at": int(time.time() * 1000),
     }
@@ -56,17 +71,20 @@ class EventConsumer:
     def __init__(self, bootstrap: str, topics: list[str], group_id: str | None = None,
                  service: str = "consumer", registry: SchemaRegistry | None = None,
                  deadletters: EventProducer | None = None, from_beginning: bool = True,
-                 metadata_timeout_s: float = 10.0, group_timeouts_ms: dict[str, int] | None = None):
+                 metadata_timeout_s: float = 10.0, group_timeouts_ms: dict[str, int] | None = None,
+                 security: KafkaSecurity | None = None):
         self.registry = registry or default_registry()
         self.service = service
         self.deadletters = deadletters
         self.dead_lettered = 0
+        self.commits_failed = 0
         self._group = group_id is not None
         self._bootstrap = bootstrap
         common = dict(bootstrap_servers=bootstrap, enable_auto_commit=False,
                       auto_offset_reset="earliest" if from_beginning else "latest",
                       client_id=f"coevolve-{service}", max_poll_records=5000,
-                      fetch_max_bytes=64 * 1024 * 1024, fetch_max_wait_ms=FETCH_MAX_WAIT_MS)
+                      fetch_max_bytes=64 * 1024 * 1024, fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
+                      **(security or KafkaSecurity.from_environment()).kafka_python_options())
         if group_id is None:
             self._consumer = KafkaConsumer(**common)
             parts = self._partitions(topics, metadata_timeout_s)
@@ -187,11 +205,20 @@ class EventConsumer:
                         partitions=[f"{tp.topic}:{tp.partition}" for tp in behind])
         return out
 
-    def commit(self) -> None:
-        """Commit the offsets of everything polled so far (call after the batch is stored)."""
+    def commit(self) -> bool:
+        """Commit the offsets of everything polled so far (call after the batch is stored); False when
+        the group moved on (a rebalance): nothing to fix, the service goes on polling, and what was not
+        committed comes again, which idempotent handling absorbs."""
         if self.deadletters is not None:
             self.deadletters.flush()
-        self._consumer.commit()
+        try:
+            self._consumer.commit()
+        except GROUP_MOVED as exc:
+            self.commits_failed += 1
+            log.warning("consumer.commit_failed", service=self.service, error=type(exc).__name__,
+                        detail=str(exc)[:300], then="polling on; uncommitted events are delivered again")
+            return False
+        return True
 
     def close(self) -> None:
         self._consumer.close(autocommit=False)

@@ -14,6 +14,7 @@ from typing import TypeVar
 
 from kafka import KafkaConsumer, TopicPartition
 
+from coevolve.services.kafka.security import KafkaSecurity
 from coevolve.services.runtime.log import get_logger
 
 log = get_logger("broker")
@@ -22,14 +23,16 @@ PROBE_TIMEOUT_S = 5.0
 
 
 def true_end_offsets(bootstrap: str, reported: Mapping[TP, int | None],
-                     timeout_s: float = PROBE_TIMEOUT_S) -> dict[TP, int | None]:
+                     timeout_s: float = PROBE_TIMEOUT_S,
+                     security: KafkaSecurity | None = None) -> dict[TP, int | None]:
     """`reported` end offsets ((topic, partition) -> end), raised to one past each partition's last record."""
     ends = dict(reported)
     probe = {TopicPartition(tp[0], tp[1]): tp for tp, end in reported.items() if end}
     if not probe:
         return ends
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                             client_id="coevolve-end-offsets", max_poll_records=1_000_000)
+                             client_id="coevolve-end-offsets", max_poll_records=1_000_000,
+                             **(security or KafkaSecurity.from_environment()).kafka_python_options())
     try:
         consumer.assign(list(probe))
         for ktp, tp in probe.items():

@@ -13,6 +13,7 @@ from kafka import KafkaProducer
 from kafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 
 from coevolve.schemas import SchemaRegistry, default_registry
+from coevolve.services.kafka.security import KafkaSecurity
 from coevolve.services.kafka.topics import CATALOG
 from coevolve.services.runtime.log import get_logger
 
@@ -41,7 +42,8 @@ class EventProducer:
     """Encode events with the schema registry and send them, tracking every delivery."""
 
     def __init__(self, bootstrap: str, client_id: str = "coevolve", delivery_timeout_s: float = 30.0,
-                 registry: SchemaRegistry | None = None, linger_ms: int = 5):
+                 registry: SchemaRegistry | None = None, linger_ms: int = 5,
+                 security: KafkaSecurity | None = None):
         self.bootstrap = bootstrap
         self.registry = registry or default_registry()
         self.delivery_timeout_s = delivery_timeout_s
@@ -54,6 +56,7 @@ class EventProducer:
                 max_block_ms=timeout_ms, bootstrap_timeout_ms=timeout_ms, linger_ms=linger_ms,
                 batch_size=256 * 1024,
                 max_in_flight_requests_per_connection=1,
+                **(security or KafkaSecurity.from_environment()).kafka_python_options(),
             )
         except (KafkaConnectionError, KafkaTimeoutError) as exc:
             raise DeliveryError(bootstrap, [], f"cannot connect: {exc}") from exc

@@ -7,6 +7,7 @@ from kafka import KafkaAdminClient
 from kafka.admin import NewTopic
 from kafka.errors import TopicAlreadyExistsError
 
+from coevolve.services.kafka.security import KafkaSecurity
 from coevolve.services.runtime.log import get_logger
 
 log = get_logger("topics")
@@ -36,11 +37,12 @@ CATALOG: dict[str, Topic] = {t.name: t for t in (TRAJECTORIES, STEPS, SIGNALS, E
 
 
 def create_topics(bootstrap: str, topics: list[Topic] | None = None,
-                  replication_factor: int = 1) -> list[str]:
+                  replication_factor: int = 1, security: KafkaSecurity | None = None) -> list[str]:
     """Create the catalog's missing topics; return the names created. Idempotent."""
     topics = list(CATALOG.values()) if topics is None else topics
     admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="coevolve-topics",
-                             request_timeout_ms=10000)
+                             request_timeout_ms=10000,
+                             **(security or KafkaSecurity.from_environment()).kafka_python_options())
     try:
         existing = set(admin.list_topics())
         created = []

@@ -6,17 +6,20 @@ from collections.abc import Mapping, Sequence
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 
 from coevolve.services.kafka.offsets import true_end_offsets
+from coevolve.services.kafka.security import KafkaSecurity
 
 
 class LagProbe:
     """Committed offsets of consumer groups against the true end offsets of their topics."""
 
-    def __init__(self, bootstrap: str):
+    def __init__(self, bootstrap: str, security: KafkaSecurity | None = None):
         self.bootstrap = bootstrap
+        self.security = security or KafkaSecurity.from_environment()
+        options = self.security.kafka_python_options()
         self.admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="coevolve-run-lag",
-                                      request_timeout_ms=10000)
+                                      request_timeout_ms=10000, **options)
         self.consumer = KafkaConsumer(bootstrap_servers=bootstrap, client_id="coevolve-run-lag",
-                                      enable_auto_commit=False)
+                                      enable_auto_commit=False, **options)
 
     def behind(self, groups: Mapping[str, tuple[str, Sequence[str]]]) -> dict[str, int]:
         """For each name -> (group, topics): records on the topics that the group has not committed past
@@ -26,7 +29,7 @@ class LagProbe:
         if not parts:
             return {name: 0 for name in groups}
         reported = {(tp.topic, tp.partition): end for tp, end in self.consumer.end_offsets(parts).items()}
-        ends = true_end_offsets(self.bootstrap, reported)
+        ends = true_end_offsets(self.bootstrap, reported, security=self.security)
         out = {}
         for name, (group, names) in groups.items():
             mine = [tp for tp in parts if tp.topic in names]

@@ -24,6 +24,7 @@ from faust.types import EventT
 
 from coevolve.schemas import DecodeError, default_registry
 from coevolve.services.kafka.consumer import dead_letter
+from coevolve.services.kafka.security import KafkaSecurity
 from coevolve.services.kafka.settings import FAUST_GROUP_TIMEOUTS_S
 from coevolve.services.kafka.topics import DEADLETTER, SIGNALS, STEPS, TRAJECTORIES, Topic
 from coevolve.streams import rules
@@ -49,10 +50,14 @@ def internal_topics(app_id: str) -> dict[str, Topic]:
             "counts": Topic(f"{app_id}-step-counts", "json", "run_id and step", PARTITIONS)}
 
 
-def new_app(cfg: StreamsConfig) -> faust.App:
-    """The Faust app with this broker's settings; /healthz and /metrics are served by the service, not Faust."""
+def new_app(cfg: StreamsConfig, security: KafkaSecurity | None = None) -> faust.App:
+    """The Faust app with this broker's settings; /healthz and /metrics are served by the service, not Faust.
+    Its credentials: `security`, else the process's (`KafkaSecurity.from_environment()`), which the
+    worker's topic creation and its end-offset probes (faust_compat) read too."""
+    credentials = (security or KafkaSecurity.from_environment()).faust_credentials()
     app = faust.App(
-        cfg.app_id, broker=f"kafka://{cfg.kafka_bootstrap}", store=TRACKED_MEMORY, datadir=str(cfg.datadir),
+        cfg.app_id, broker=f"kafka://{cfg.kafka_bootstrap}", broker_credentials=credentials,
+        store=TRACKED_MEMORY, datadir=str(cfg.datadir),
         web_enabled=False, topic_partitions=PARTITIONS, topic_replication_factor=cfg.replication_factor,
         table_standby_replicas=0,
         consumer_auto_offset_reset="earliest", producer_acks=-1, topic_allow_declare=False,

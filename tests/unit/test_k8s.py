@@ -8,6 +8,7 @@ import xml.etree.ElementTree as ET
 import pytest
 from typer.main import get_command
 
+from coevolve.services.kafka.security import KafkaSecurity
 from coevolve.services.kafka.topics import CATALOG, TRAJECTORIES
 from coevolve.services.cli import app
 from coevolve.services.runtime.config import load
@@ -63,6 +64,7 @@ def test_every_config_map_key_is_read_and_valid(target, tmp_path):
     docs = render(target)
     data = config(docs)
     fields = {}  # PREFIX_FIELD -> (the value loaded, the value given)
+    shared = {"KAFKA_BOOTSTRAP"} | {f.upper() for f in KafkaSecurity.__dataclass_fields__}
     for workload, c in containers(docs):
         argv = coevolve_argv(c, docs)
         for cls, prefix in loaded_configs(command_of(argv)[1]) if argv else []:
@@ -77,9 +79,13 @@ def test_every_config_map_key_is_read_and_valid(target, tmp_path):
         if key in fields:  # the layering read it, converted to the field's type
             loaded, given = fields[key]
             assert str(loaded) == given or loaded == type(loaded)(given), key
-        elif key != "KAFKA_BOOTSTRAP":  # read as a fallback by every service (checked below)
+        elif key not in shared:  # read by every service's Kafka clients (checked below)
             assert key in referenced, f"{key} is read by nothing"
     assert load(ArchiverConfig, "archiver", environ=data).topic_list == list(CATALOG)
+    sasl = data.get("KAFKA_SECURITY_PROTOCOL", "").startswith("SASL_")
+    own = {"KAFKA_SASL_USERNAME": "user", "KAFKA_SASL_PASSWORD": "password"} if sasl else {}  # each workload's
+    security = KafkaSecurity.from_environment({**data, **own})
+    assert all(str(getattr(security, key.lower())) == data[key] for key in set(data) & shared - {"KAFKA_BOOTSTRAP"})
     assert not any(word in key.lower() for key in data for word in ("password", "secret", "token", "api_key"))
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from coevolve.services.kafka.security import KafkaSecurity
 from coevolve.services.runtime.config import load
 from coevolve.services.runtime.service import Service
 from tests.kustomize import (KUBECTL, OVERLAYS, coevolve_argv, command_of, container_env, containers,
@@ -17,6 +18,13 @@ from tests.kustomize import (KUBECTL, OVERLAYS, coevolve_argv, command_of, conta
 
 pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl (with kustomize) is not installed")
 LOOP = {("streams", "worker"), ("archiver",), ("explorer",), ("validator",), ("learner",)}
+# Read by every Kafka client of a process (services/kafka/security.py), whatever its command loads.
+KAFKA_SECURITY = {f.upper() for f in KafkaSecurity.__dataclass_fields__}
+
+
+def kafka_client(configs) -> bool:
+    """Whether a command talks to Kafka: one of its configs names the broker."""
+    return any("kafka_bootstrap" in cls.__dataclass_fields__ for cls, _ in configs)
 
 
 def services(docs):
@@ -56,7 +64,8 @@ def test_every_object_lands_in_the_coevolve_namespace(target):
 def test_every_variable_a_service_gets_names_something_it_reads(target, tmp_path):
     """Each `PREFIX_FIELD` of a service's own prefix is a field of a dataclass its command loads with
     that prefix (a typo would be silently ignored), and every value loads; an explicit variable is
-    such a field, a flag's envvar, or the API-key variable its backend reads."""
+    such a field, a flag's envvar, the API-key variable its backend reads, or (for a Kafka client) a
+    field of KafkaSecurity, which its clients load."""
     docs = render(target)
     for workload, c, path, argv, command in services(docs):
         name = workload["metadata"]["name"]
@@ -68,6 +77,9 @@ def test_every_variable_a_service_gets_names_something_it_reads(target, tmp_path
         loaded = [load(cls, prefix, environ=files) for cls, prefix in configs]
         fields = {f"{p}_{f}".upper() for (cls, p) in configs for f in cls.__dataclass_fields__}
         bare = {f.upper() for cls, _ in configs for f in cls.__dataclass_fields__}
+        if kafka_client(configs):
+            KafkaSecurity.from_environment(files)
+            bare |= KAFKA_SECURITY
         prefixes = {p.upper() + "_" for _, p in configs}
         for key in env:
             if any(key.startswith(p) for p in prefixes):
@@ -81,11 +93,13 @@ def test_every_variable_a_service_gets_names_something_it_reads(target, tmp_path
 @pytest.mark.parametrize("target", OVERLAYS)
 def test_no_shared_key_sets_a_field_of_every_service_by_its_bare_name(target):
     """The layering reads `FIELD` after `SERVICE_FIELD`: a shared key named like a field (MODEL,
-    STEPS) would set it in every service that has one. Only the broker address is meant so."""
+    STEPS) would set it in every service that has one. Only the broker address, and how to reach it
+    (KafkaSecurity's protocol, mechanism, CA), are meant so; a user name or password is one service's."""
     docs = render(target)
     bare = {f.upper() for *_, command in services(docs) for cls, _ in loaded_configs(command)
             for f in cls.__dataclass_fields__}
     assert set(config(docs)) & bare == {"KAFKA_BOOTSTRAP"}
+    assert not set(config(docs)) & {"KAFKA_SASL_USERNAME", "KAFKA_SASL_PASSWORD"}
 
 
 @pytest.mark.parametrize("target", OVERLAYS)

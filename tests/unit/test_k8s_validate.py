@@ -59,7 +59,8 @@ def strimzi_errors(docs: list[dict]) -> list[list[str]]:
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_strimzi_resources_have_the_fields_strimzi_requires(overlay):
     docs = [d for d in render(overlay) if d["apiVersion"].startswith(STRIMZI)]
-    assert {d["kind"] for d in docs} == {"Kafka", "KafkaNodePool", "KafkaTopic"}
+    users = {"KafkaUser"} if overlay.endswith("production") else set()  # local stays plaintext, without ACLs
+    assert {d["kind"] for d in docs} == {"Kafka", "KafkaNodePool", "KafkaTopic"} | users
     assert strimzi_errors(docs) == [[] for _ in docs]
     cluster = next(d["metadata"]["name"] for d in docs if d["kind"] == "Kafka")
     assert {d["metadata"]["labels"]["strimzi.io/cluster"] for d in docs if d["kind"] != "Kafka"} == {cluster}
@@ -76,6 +77,23 @@ def test_the_strimzi_schema_rejects_what_strimzi_would():
     assert all(len(e) == 1 for e in errors), errors
     assert "'roles' is a required property" in errors[0][0] and "zookeeper" in errors[1][0]
     assert "strimzi.io/cluster" in errors[2][0] and "'partition' was unexpected" in errors[3][0]
+
+
+def test_the_strimzi_schema_rejects_a_kafka_user_strimzi_would():
+    user = next(d for d in render("k8s/overlays/production") if d["kind"] == "KafkaUser")
+    rule = user["spec"]["authorization"]["acls"][0]
+
+    def with_rule(**changes) -> dict:
+        acls = [{**rule, **changes}]
+        return {**user, "spec": {**user["spec"], "authorization": {"type": "simple", "acls": acls}}}
+
+    errors = strimzi_errors([with_rule(operations=["Publish"]), with_rule(resource={"type": "topic"}),
+                             with_rule(resource={"type": "cluster", "name": "coevolve"}),
+                             with_rule(resource={**rule["resource"], "patternType": "regex"}),
+                             {**user, "spec": {**user["spec"], "authentication": {"type": "plain"}}}])
+    assert all(len(e) == 1 for e in errors), errors
+    assert "'Publish'" in errors[0][0] and "'name' is a required property" in errors[1][0]
+    assert "'regex'" in errors[3][0] and "'plain'" in errors[4][0]
 
 
 def checkov(framework: str, path) -> dict:
