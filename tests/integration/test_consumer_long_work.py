@@ -8,7 +8,6 @@ import time
 
 import pytest
 from kafka import TopicPartition
-from kafka.errors import CommitFailedError
 
 from coevolve.services.kafka.consumer import EventConsumer
 from coevolve.services.kafka.producer import EventProducer
@@ -46,8 +45,7 @@ def test_work_past_the_poll_interval_without_working_loses_the_group(bootstrap):
     try:
         assert sorted(_poll_ids(consumer, 2)) == ["a1", "a2"]
         time.sleep(WORK_S)  # the heartbeat thread leaves the group: the hazard `working()` removes
-        with pytest.raises(CommitFailedError):
-            consumer.commit()
+        assert consumer.commit() is False and consumer.commits_failed == 1  # refused, reported, not raised
     finally:
         consumer.close()
 
