@@ -69,3 +69,14 @@ def sample_events() -> dict[str, dict]:
             "reason": "not Avro", "service": "test", "produced_at": NOW,
         },
     }
+
+
+def read_topic(bootstrap: str, topic: str) -> list:
+    """Every event on `topic` up to its end, read without a group."""
+    from coevolve.services.kafka.consumer import EventConsumer
+
+    reader = EventConsumer(bootstrap, [topic], service="test-reader")
+    try:
+        return reader.read_to_end()
+    finally:
+        reader.close()

@@ -13,16 +13,9 @@ from coevolve.services.kafka.deadletters import read_letters, replay, summarize
 from coevolve.services.kafka.producer import EventProducer
 from coevolve.services.kafka.topics import DEADLETTER, SIGNALS, STEPS
 from tests.cli_output import plain
+from tests.events import read_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-def _read(bootstrap: str, topic: str) -> list:
-    reader = EventConsumer(bootstrap, [topic], service="test-reader")
-    try:
-        return reader.read_to_end()
-    finally:
-        reader.close()
 
 
 def _consume_twice(bootstrap: str, topic: str) -> None:
@@ -44,7 +37,7 @@ def test_a_redelivered_bad_input_is_one_letter_listed_and_replayed_once(bootstra
         producer.send_raw(STEPS.name, good[:5], b"r", "cut")
     _consume_twice(bootstrap, STEPS.name)
     letters = read_letters(bootstrap)
-    ids = [i.event["event_id"] for i in _read(bootstrap, DEADLETTER.name)]
+    ids = [i.event["event_id"] for i in read_topic(bootstrap, DEADLETTER.name)]
     assert len(ids) == 4 and len(set(ids)) == 2 and len(letters) == 2  # four deliveries, two letters
     summary = summarize(letters)
     assert sum(summary.counts.values()) == 2 and all(service == "explorer" for service, _ in summary.counts)

@@ -7,11 +7,11 @@ import pytest
 from coevolve.schemas import default_registry
 from coevolve.services.agent import backends
 from coevolve.services.agent.config import BackendConfig
-from coevolve.services.kafka.consumer import EventConsumer
 from coevolve.services.kafka.producer import EventProducer
 from coevolve.services.kafka.topics import DEADLETTER, EXPLORATIONS, TASKS
 from coevolve.services.validator.config import ValidatorConfig
 from coevolve.services.validator.service import Validator, ValidatorServiceConfig
+from tests.events import read_topic
 from tests.unit.test_validator_service import CALLS, LIMITS, PROPOSAL, _backend, _group
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -36,14 +36,6 @@ def _run_until(validator: Validator, done, steps: int = 60) -> None:
     raise AssertionError(f"the validator did not get there in {steps} polls: {validator.details()}")
 
 
-def _read(bootstrap: str, topic: str) -> list:
-    reader = EventConsumer(bootstrap, [topic], service="test-reader")
-    try:
-        return reader.read_to_end()
-    finally:
-        reader.close()
-
-
 def test_a_group_redelivered_after_a_crash_keeps_its_one_verdict(bootstrap, monkeypatch):
     with EventProducer(bootstrap) as producer:
         for record in _group():
@@ -64,7 +56,7 @@ def test_a_group_redelivered_after_a_crash_keeps_its_one_verdict(bootstrap, monk
         assert second.checked == 0
     finally:
         second.finish()
-    verdicts = [i.event for i in _read(bootstrap, TASKS.name) if i.name == "TaskChecked"]
+    verdicts = [i.event for i in read_topic(bootstrap, TASKS.name) if i.name == "TaskChecked"]
     assert [v["verdict"] for v in verdicts] == ["validated"]
 
 
@@ -84,7 +76,7 @@ def test_events_the_validator_cannot_take_are_dead_lettered_and_it_goes_on(boots
         assert validator.validated == 1
     finally:
         validator.finish()
-    letters = {i.event["error_type"]: i.event for i in _read(bootstrap, DEADLETTER.name)}
+    letters = {i.event["error_type"]: i.event for i in read_topic(bootstrap, DEADLETTER.name)}
     assert set(letters) == {"invalid", "malformed"} and letters["invalid"]["service"] == "validator"
     assert "expected ExplorationRecorded, got TaskChecked" in letters["invalid"]["reason"]
     assert letters["malformed"]["payload"] == b"not an event"
