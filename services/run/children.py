@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,9 +23,18 @@ def coevolve_command() -> str:
     return str(Path(sys.executable).with_name("coevolve"))
 
 
+# Cursor and colour sequences, and control characters, that a progress bar leaves in a log.
+TERMINAL_CODES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def coevolve_program() -> list[str]:
+    return [coevolve_command(), "--log-level", "info"]
+
+
 @dataclass
 class Child:
-    """One `coevolve <service>` process, its log file and its health endpoint."""
+    """One service process, its log file and its health endpoint: `<program> <args> --metrics-port P`,
+    where the program is `coevolve --log-level info` unless given."""
 
     name: str
     args: list[str]
@@ -32,24 +42,35 @@ class Child:
     log_path: Path
     port: int = field(default_factory=free_port)
     process: subprocess.Popen | None = None
+    program: list[str] = field(default_factory=coevolve_program)
+    rerun_args: list[str] = field(default_factory=list)  # added when started again (the learner's --resume)
+    finishes: bool = False  # exit code 0 means its work is done (the learner), not a failure
+
+    @property
+    def command(self) -> list[str]:
+        return [*self.program, *self.args, "--metrics-port", str(self.port)]
 
     def start(self) -> "Child":
-        cmd = [coevolve_command(), "--log-level", "info", *self.args, "--metrics-port", str(self.port)]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as out:
             # A session of its own: a Ctrl-C at the terminal reaches the run, which stops children in order.
-            self.process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                            env={**os.environ, **self.env})
+            self.process = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT,
+                                            start_new_session=True, env={**os.environ, **self.env})
         return self
+
+    def restart(self) -> "Child":
+        """Start again, with `rerun_args` from now on."""
+        self.args = [*self.args, *(a for a in self.rerun_args if a not in self.args)]
+        return self.start()
 
     @property
     def exit_code(self) -> int | None:
         return None if self.process is None else self.process.poll()
 
-    def health(self) -> dict | None:
-        """The /healthz JSON when the service answers healthy, else None."""
+    def health(self, timeout_s: float = 5.0) -> dict | None:
+        """The /healthz JSON when the service answers healthy, else None (no answer, or 503)."""
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=5.0) as response:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=timeout_s) as response:
                 return json.loads(response.read() or b"{}")
         except (OSError, ValueError):
             return None
@@ -60,13 +81,25 @@ class Child:
         except OSError:
             return ""
 
-    def failure(self) -> ChildFailed:
-        return ChildFailed(f"{self.name} exited with code {self.exit_code}; its log is {self.log_path}:\n"
+    def last_line(self, limit: int = 300) -> str:
+        """The log's last line that says something: not blank, and not the frame of a boxed message."""
+        for line in reversed(self.log_tail(20).splitlines()):
+            text = TERMINAL_CODES.sub("", line).strip(" \t│┃|╭╮╰╯─━")
+            if any(ch.isalnum() for ch in text):
+                return text[:limit]
+        return ""
+
+    def failure(self, detail: str = "") -> ChildFailed:
+        return ChildFailed(f"{self.name} exited with code {self.exit_code}{detail}; its log is {self.log_path}:\n"
                            f"{self.log_tail()}")
 
     def kill(self) -> None:
+        """SIGKILL the process and what it started (its session's group: a model server's engine too)."""
         if self.process is not None and self.process.poll() is None:
-            self.process.kill()
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # it exited in between
             self.process.wait()
 
     def stop(self, timeout_s: float = 60.0) -> int | None:

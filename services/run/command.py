@@ -111,7 +111,7 @@ def run_loop(plan: Plan, workdir: Path, bootstrap: str | None = None, resume: bo
         final = tally if state == "killed" else _reread(address, run, tally)
     info = {"run_id": run, "preset": plan.preset, "planned_steps": plan.run.steps, "resumed": resume,
             "broker": bootstrap or "embedded (memory only: a resumed session sees only its own events)",
-            "restarts": dict(s.restarts)}
+            "restarts": s.restarts}
     th = summaries.thresholds(plan.sections.get("streams", {}))
     doc = summaries.build(final, info, phases, th, state)
     summaries.write(workdir / "summary.json", doc)

@@ -5,8 +5,10 @@ worker, archiver, validator and explorer; the learner. The
 terminal shows a line per training step, read back from the broker (`Tally`); every service writes its
 JSON log to `<workdir>/logs/`. After the last step the run waits until the worker, explorer and
 validator have consumed everything (their committed offsets reach the end of their topics), stops
-them, lets the archiver catch up, writes `summary.json` and the report. Ctrl-C stops the learner at
-its step boundary (it checkpoints) and then everything else; `--resume` picks the run up.
+them, lets the archiver catch up, writes `summary.json` and the report. Throughout, a service that
+exits, or whose `/healthz` stops answering healthy, is restarted within the restart policy
+(`supervise.py`; the learner with `--resume`). Ctrl-C stops the learner at its step boundary (it
+checkpoints) and then everything else; `--resume` picks the run up.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import os
 import subprocess
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from coevolve.services.kafka.consumer import EventConsumer
@@ -24,6 +26,7 @@ from coevolve.services.kafka.topics import (CATALOG, EXPLORATIONS, SIGNALS, STEP
 from coevolve.services.run.children import Child, ChildFailed, coevolve_command, wait_healthy
 from coevolve.services.run.lag import LagProbe
 from coevolve.services.run.plan import Plan
+from coevolve.services.run.supervise import Supervisor
 from coevolve.services.run.tally import Tally
 from coevolve.services.runtime.config import ConfigError
 from coevolve.services.runtime.log import get_logger
@@ -47,11 +50,16 @@ class Session:
     children: dict[str, Child] | None = None
     consumer: EventConsumer | None = None
     policy: str = ""
-    restarts: dict[str, int] = field(default_factory=dict)
+    supervisor: Supervisor | None = None
 
     @property
     def logs(self) -> Path:
         return self.workdir / "logs"
+
+    @property
+    def restarts(self) -> list[dict]:
+        """Every restart of a service in this session, for summary.json."""
+        return self.supervisor.report() if self.supervisor else []
 
 
 def resolve_run(workdir: Path, plan: Plan, resume: bool, run_id: str | None) -> str:
@@ -72,6 +80,7 @@ def resolve_run(workdir: Path, plan: Plan, resume: bool, run_id: str | None) -> 
 
 
 def _learner_args(s: Session) -> list[str]:
+    """The learner's arguments; a restarted learner also gets --resume (`make_children`)."""
     return ["learner", "--bootstrap", s.bootstrap, "--workdir", str(s.workdir / "runs" / s.run_id / "learner"),
             "--run-id", s.run_id] + (["--resume"] if s.resume else [])
 
@@ -84,8 +93,11 @@ def make_children(s: Session) -> dict[str, Child]:
                 "archiver": ["archiver", *b, "--workdir", str(w)],
                 "validator": ["validator", *b], "explorer": ["explorer", *b], "learner": _learner_args(s)}
     shared = set(s.plan.run.sharing) if s.policy else set()
-    return {name: Child(name, args, s.plan.env(name, **({"model": s.policy} if name in shared else {})),
-                        s.logs / f"{name}.log") for name, args in commands.items()}
+    children = {name: Child(name, args, s.plan.env(name, **({"model": s.policy} if name in shared else {})),
+                            s.logs / f"{name}.log") for name, args in commands.items()}
+    # Exit code 0 is the learner's last step; started again, it continues from its last checkpoint.
+    children["learner"].finishes, children["learner"].rerun_args = True, ["--resume"]
+    return children
 
 
 def prepare_policy(s: Session) -> None:
@@ -121,44 +133,25 @@ def follow(s: Session, tally: Tally, printed: set[int]) -> None:
         printed.add(step)
 
 
-def revive(s: Session, names) -> None:
-    """Start again each named service that exited, up to run.restarts times each; past that, or for the
-    learner, end the run with its log. A restarted service resumes from its committed offsets (and the
-    signal worker from its changelogs), so what it had not committed it reads again."""
-    for name in names:
-        child = s.children[name]
-        if child.exit_code is None:
-            continue
-        done = s.restarts.get(name, 0)
-        if name == "learner" or done >= s.plan.run.restarts:
-            raise child.failure()
-        s.restarts[name] = done + 1
-        last = child.log_tail(1).strip()[:300]
-        print(f"{name} exited with code {child.exit_code}; restarting it ({done + 1} of {s.plan.run.restarts}, "
-              f"run.restarts); last log line: {last}", flush=True)
-        log.warning("run.restart", service=name, exit_code=child.exit_code, restart=done + 1, log=str(child.log_path))
-        child.start()
-
-
 def train(s: Session, tally: Tally, printed: set[int]) -> None:
-    """Follow the run until the learner exits; a service that dies is restarted (`revive`)."""
+    """Follow the run until the learner finishes (exits with code 0); the supervisor restarts any service
+    that exits or fails its liveness, the learner with --resume, and ends the run past a budget."""
     learner = s.children["learner"]
-    while learner.exit_code is None:
+    while learner.exit_code != 0:
         follow(s, tally, printed)
-        revive(s, [name for name in s.children if name != "learner"])
-    if learner.exit_code != 0:
-        raise learner.failure()
+        s.supervisor.tend(s.children)
 
 
 def drain(s: Session, tally: Tally, printed: set[int]) -> bool:
-    """Wait until the worker, explorer and validator have consumed everything; False on timeout."""
+    """Wait until the worker, explorer and validator have consumed everything, restarting any service that
+    exits or fails its liveness; False on timeout."""
     probe = LagProbe(s.bootstrap)
     deadline = time.monotonic() + s.plan.run.drain_timeout_s
     quiet_since, seen = time.monotonic(), len(tally.seen)
     try:
         while time.monotonic() < deadline:
             follow(s, tally, printed)
-            revive(s, DRAIN_GROUPS)
+            s.supervisor.tend(s.children)
             behind = probe.behind({name: (s.plan.value(name, key, group), topics)
                                    for name, (key, group, topics) in DRAIN_GROUPS.items()})
             if len(tally.seen) != seen or any(behind.values()):
@@ -173,15 +166,22 @@ def drain(s: Session, tally: Tally, printed: set[int]) -> bool:
 
 
 def settle_archive(s: Session, timeout_s: float = 120.0) -> None:
-    """Let the archiver store everything on the broker, then stop it."""
+    """Let the archiver store everything on the broker (restarted if it exits or hangs), then stop it."""
     archiver = s.children["archiver"]
     probe = LagProbe(s.bootstrap)
     deadline = time.monotonic() + timeout_s
     try:
-        while archiver.exit_code is None and time.monotonic() < deadline:
-            if probe.lag(s.plan.value("archiver", "group_id", "coevolve-archiver"), list(CATALOG)) == 0:
+        while time.monotonic() < deadline:
+            if s.supervisor is not None:
+                s.supervisor.tend(["archiver"])
+            elif archiver.exit_code is not None:  # the services never all came up: nothing restarts it
+                break
+            if archiver.exit_code is None and probe.lag(s.plan.value("archiver", "group_id", "coevolve-archiver"),
+                                                        list(CATALOG)) == 0:
                 break
             time.sleep(1.0)
+    except ChildFailed as exc:  # the run stops anyway; what the archiver did not store stays on the broker
+        print(f"the archiver did not catch up: {exc}", flush=True)
     finally:
         probe.close()
     archiver.stop()
@@ -195,6 +195,7 @@ def start(s: Session) -> None:
         child.start()
         print(f"started {name:9s} log {child.log_path}", flush=True)
     wait_healthy(list(s.children.values()), s.plan.run.start_timeout_s)
+    s.supervisor = Supervisor.of(s.children, s.plan.run)
     print("every service is up; training", flush=True)
 
 

@@ -35,6 +35,10 @@ SERVICE_CONFIGS: dict[str, tuple[str, ...]] = {
 }
 # Processes that can act with the learner's policy (run.shared_policy).
 SHARABLE = ("explorer", "validator")
+# Seconds each process's /healthz may fail in a row before the run kills and restarts it (run.liveness_s),
+# as the k8s tree's liveness probes allow. The explorer's and validator's loops do not beat while a model
+# explores or checks (minutes on a CPU); the learner's /healthz fails only after an hour without a step.
+LIVENESS_S = {"streams": 120.0, "archiver": 120.0, "explorer": 1800.0, "validator": 1800.0, "learner": 300.0}
 # Set by the run itself for every process; a preset may not override them.
 MANAGED = {"kafka_bootstrap", "metrics_port", "metrics_host", "workdir", "datadir", "run_id", "resume"}
 
@@ -48,9 +52,16 @@ class RunSettings:
     drain_timeout_s: float = doc(300.0, "After the last step, longest wait for the signal worker, explorer and "
                                         "validator to finish what the run produced.")
     quiet_s: float = doc(5.0, "Drained: nothing new on any topic and every consumer caught up for this long.")
-    restarts: int = doc(2, "Times a service other than the learner that exits is started again (as Kubernetes "
-                           "restarts a pod; each resumes from its committed offsets and changelogs) before "
-                           "the run fails; 0 fails on the first exit.")
+    restart_budget: int = doc(5, "Restarts of one service within run.restart_window_s (as Kubernetes restarts a "
+                                 "pod; each resumes from its committed offsets, changelogs or checkpoint); one "
+                                 "more exit ends the run with its log; 0 fails on the first exit.")
+    restart_window_s: float = doc(600.0, "Seconds over which run.restart_budget counts a service's restarts.")
+    restart_backoff_s: float = doc(1.0, "Wait before restarting a service; doubles with each of its restarts "
+                                        "within run.restart_window_s.")
+    restart_backoff_max_s: float = doc(60.0, "Longest wait before restarting a service.")
+    liveness_s: dict[str, float] = doc(dict(LIVENESS_S), "Per service, seconds its /healthz may fail (no answer, "
+                                                         "or 503 when its loop stalled) in a row before it is "
+                                                         "killed and restarted; over these defaults.")
     shared_policy: str = doc("", "Comma-separated processes (explorer, validator) that act with the learner's "
                                  "starting policy, its warmed model when learner.warmup_steps > 0, instead of "
                                  "a model of their own.")
@@ -66,10 +77,29 @@ class RunSettings:
         if unknown:
             raise ConfigError(f"run.shared_policy names {', '.join(sorted(unknown))}; only "
                               f"{' and '.join(SHARABLE)} can act with the learner's policy")
-        if self.restarts < 0:
-            raise ConfigError(f"run.restarts={self.restarts} must be 0 or more")
+        if self.restart_budget < 0:
+            raise ConfigError(f"run.restart_budget={self.restart_budget} must be 0 or more")
+        if min(self.restart_window_s, self.restart_backoff_max_s) <= 0 or self.restart_backoff_s < 0:
+            raise ConfigError("run.restart_window_s and restart_backoff_max_s must be positive, "
+                              "run.restart_backoff_s 0 or more")
+        object.__setattr__(self, "liveness_s", _liveness(self.liveness_s))
         if min(self.start_timeout_s, self.drain_timeout_s, self.quiet_s) <= 0:
             raise ConfigError("run.start_timeout_s, drain_timeout_s and quiet_s must be positive")
+
+
+def _liveness(values: Any) -> dict[str, float]:
+    """run.liveness_s over the defaults, checked."""
+    hint = "e.g. --set 'run.liveness_s={explorer: 600}'"
+    if not isinstance(values, dict):
+        raise ConfigError(f"run.liveness_s={values!r} must map services to seconds, {hint}")
+    unknown = set(values) - set(LIVENESS_S)
+    if unknown:
+        raise ConfigError(f"run.liveness_s names {', '.join(sorted(map(str, unknown)))}; the services are "
+                          f"{', '.join(LIVENESS_S)}")
+    for name, seconds in values.items():
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
+            raise ConfigError(f"run.liveness_s.{name}={seconds!r} must be a positive number of seconds, {hint}")
+    return {**LIVENESS_S, **{name: float(seconds) for name, seconds in values.items()}}
 
 
 @dataclass(frozen=True)

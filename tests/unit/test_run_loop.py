@@ -1,11 +1,17 @@
 """A workdir holds many runs (a new `coevolve run` starts a new one, `--resume` continues the latest);
 the learner's starting policy is prepared before the services start and shared as configured; a
-service that exits is started again, up to run.restarts times."""
+service that exits or stops answering its /healthz is started again (the learner with --resume)
+within the restart budget, here with real processes."""
+import sys
+import time
+
 import pytest
 
 from coevolve.services.run.children import Child, ChildFailed
-from coevolve.services.run.loop import Session, make_children, prepare_policy, resolve_run, revive
+from coevolve.services.run.loop import Session, make_children, prepare_policy, resolve_run, train
 from coevolve.services.run.plan import make_plan
+from coevolve.services.run.supervise import RestartPolicy, Supervisor, Watch
+from coevolve.services.run.tally import Tally
 from coevolve.services.runtime.config import ConfigError
 
 
@@ -48,27 +54,126 @@ def test_a_policy_that_cannot_be_prepared_fails_the_run_with_its_log(tmp_path):
     assert "no-such-model" in (tmp_path / "logs" / "warmup.log").read_text()
 
 
-def test_a_service_that_exits_is_restarted_up_to_run_restarts_then_fails_the_run(tmp_path):
-    s = _session(tmp_path, "run.restarts=1")
+def test_a_service_that_exits_is_restarted_within_its_budget_then_fails_the_run(tmp_path, capsys):
+    s = _session(tmp_path, "run.restart_budget=1", "run.restart_backoff_s=0")
     # A real `coevolve` process that exits at once (an unknown command: click's usage error, code 2).
     crashing = Child("validator", ["no-such-service"], {}, tmp_path / "logs" / "validator.log").start()
     s.children = {"validator": crashing}
+    s.supervisor = Supervisor.of(s.children, s.plan.run)
     first = crashing.process
     first.wait()
-    revive(s, ["validator"])
-    assert s.restarts == {"validator": 1} and crashing.process is not first
+    s.supervisor.tend(["validator"])  # scheduled, after a backoff of 0 s
+    s.supervisor.tend(["validator"])
+    assert crashing.process is not first
+    assert "validator exited with code 2; restarting it in 0 s (restart 1; 1 of 1" in capsys.readouterr().out
     crashing.process.wait()
     assert crashing.log_path.read_text().count("No such command") == 2  # one log, appended by both
-    with pytest.raises(ChildFailed, match=r"validator exited with code 2; its log is .*validator.log"):
-        revive(s, ["validator"])
-    assert s.restarts == {"validator": 1}
+    with pytest.raises(ChildFailed, match=r"validator exited with code 2; its restarts are spent "
+                                          r"\(run.restart_budget=1 .*its log is .*validator.log"):
+        s.supervisor.tend(["validator"])
+    assert [(r["service"], r["cause"], r["exit_code"], r["number"]) for r in s.restarts] == [
+        ("validator", "exit", 2, 1)]
+    assert "No such command" in s.restarts[0]["last_log"]
 
 
-def test_the_learner_is_never_restarted(tmp_path):
-    s = _session(tmp_path)
-    learner = Child("learner", ["no-such-service"], {}, tmp_path / "logs" / "learner.log").start()
-    s.children = {"learner": learner}
-    learner.process.wait()
-    with pytest.raises(ChildFailed, match="learner exited with code 2"):
-        revive(s, ["learner"])
-    assert s.restarts == {}
+class NoEvents:
+    def poll(self, timeout_s):
+        time.sleep(0.05)
+        return []
+
+
+# Prints its arguments; fails unless started with --resume, as a learner that crashes once.
+LEARNER = "import sys; print('args:', *sys.argv[1:], flush=True); sys.exit(0 if '--resume' in sys.argv else 3)"
+
+
+def test_a_learner_that_fails_is_restarted_with_resume_and_the_run_trains_until_it_finishes(tmp_path):
+    s = _session(tmp_path, "run.restart_backoff_s=0")
+    s.children = {"learner": make_children(s)["learner"]}
+    learner = s.children["learner"]
+    assert learner.finishes and learner.rerun_args == ["--resume"] and "--resume" not in learner.args
+    learner.program = [sys.executable, "-c", LEARNER]
+    s.supervisor, s.consumer = Supervisor.of(s.children, s.plan.run), NoEvents()
+    learner.start()
+    train(s, Tally(run_id="r"), set())  # returns once the learner exits with code 0
+    assert learner.exit_code == 0
+    runs = [line for line in learner.log_path.read_text().splitlines() if line.startswith("args:")]
+    assert len(runs) == 2 and "--resume" not in runs[0] and runs[1].endswith(f"--resume --metrics-port {learner.port}")
+    assert [(r["service"], r["exit_code"], r["number"]) for r in s.restarts] == [("learner", 3, 1)]
+
+
+def test_a_resumed_runs_learner_gets_resume_once_when_restarted(tmp_path):
+    s = Session(make_plan("smoke"), tmp_path, "r", True, bootstrap="127.0.0.1:1")
+    learner = make_children(s)["learner"]
+    learner.program = [sys.executable, "-c", "pass"]
+    learner.restart().process.wait()
+    assert learner.args.count("--resume") == 1 and learner.command.count("--resume") == 1
+
+
+# Serves /healthz on the port of its last argument: 200 and ready for HEALTHY_S seconds, then 503.
+HEALTHZ = """
+import http.server, json, sys, time
+born = time.monotonic()
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"ready": True}).encode()
+        self.send_response(200 if time.monotonic() - born < HEALTHY_S else 503)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+print("serving", flush=True)
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[-1])), Health).serve_forever()
+"""
+
+
+def _python(tmp_path, name: str, script: str) -> Child:
+    return Child(name, [], {}, tmp_path / "logs" / f"{name}.log", program=[sys.executable, "-c", script])
+
+
+def _tend_until(sup: Supervisor, names, done, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done() and time.monotonic() < deadline:
+        sup.tend(names)
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def children():
+    made: list[Child] = []
+    yield made
+    for child in made:
+        child.kill()
+
+
+def test_a_process_whose_healthz_turns_unhealthy_is_killed_and_restarted(tmp_path, children, capsys):
+    child = _python(tmp_path, "archiver", HEALTHZ.replace("HEALTHY_S", "1.0")).start()
+    children.append(child)
+    sup = Supervisor({"archiver": child}, RestartPolicy(budget=2, backoff_s=0.0), {"archiver": 1.0},
+                     start_timeout_s=20.0, probe_every_s=0.2, probe_timeout_s=1.0)
+    first = child.process
+    _tend_until(sup, ["archiver"], lambda: child.process is not first)
+    assert first.returncode == -9 and child.process is not first
+    assert [(r.cause, r.exit_code, r.number, r.last_log) for r in sup.restarts] == [("liveness", -9, 1, "serving")]
+    assert "archiver was killed (its /healthz failed for" in capsys.readouterr().out
+
+
+def test_a_process_that_never_answers_is_killed_after_the_start_timeout(tmp_path, children, capsys):
+    child = _python(tmp_path, "explorer", "import time; time.sleep(60)").start()
+    children.append(child)
+    sup = Supervisor({"explorer": child}, RestartPolicy(budget=0), {"explorer": 60.0}, start_timeout_s=1.0,
+                     probe_every_s=0.2, probe_timeout_s=1.0)
+    with pytest.raises(ChildFailed, match=r"explorer exited with code -9 \(killed: it did not answer /healthz "
+                                          r"ready within run.start_timeout_s=1 s\); its restarts are spent"):
+        _tend_until(sup, ["explorer"], lambda: False, timeout_s=10.0)
+    assert child.exit_code == -9
+
+
+def test_a_healthy_process_is_left_running(tmp_path, children):
+    child = _python(tmp_path, "streams", HEALTHZ.replace("HEALTHY_S", "1e9")).start()
+    children.append(child)
+    sup = Supervisor({"streams": child}, RestartPolicy(budget=0), {"streams": 0.5}, start_timeout_s=20.0,
+                     probe_every_s=0.2, probe_timeout_s=1.0)
+    _tend_until(sup, ["streams"], lambda: sup.watches.get("streams", Watch(0.0)).up)
+    _tend_until(sup, ["streams"], lambda: False, timeout_s=2.0)
+    assert child.exit_code is None and sup.restarts == [] and sup.watches["streams"].up

@@ -77,3 +77,27 @@ def test_shared_policy_names_only_the_explorer_or_validator_and_does_not_fight_t
         make_plan("smoke", ["validator.model=tiny-random"])
     assert make_plan("smoke", ["validator.model=tiny-random", "run.shared_policy=explorer"]).run.sharing == (
         "explorer",)
+
+
+def test_restarts_are_budgeted_per_window_with_a_backoff_and_checked():
+    run = make_plan("smoke").run
+    assert (run.restart_budget, run.restart_window_s, run.restart_backoff_s, run.restart_backoff_max_s) == (
+        5, 600.0, 1.0, 60.0)
+    with pytest.raises(ConfigError, match="run.restart_budget=-1 must be 0 or more"):
+        make_plan("smoke", ["run.restart_budget=-1"])
+    with pytest.raises(ConfigError, match="restart_window_s and restart_backoff_max_s must be positive"):
+        make_plan("smoke", ["run.restart_window_s=0"])
+    with pytest.raises(ConfigError, match=r"run\.restarts is not a setting"):
+        make_plan("smoke", ["run.restarts=2"])
+
+
+def test_liveness_allowances_are_per_service_over_the_defaults():
+    run = make_plan("smoke", ["run.liveness_s={explorer: 600}"]).run
+    assert run.liveness_s == {"streams": 120.0, "archiver": 120.0, "explorer": 600.0, "validator": 1800.0,
+                              "learner": 300.0}
+    with pytest.raises(ConfigError, match="run.liveness_s names trainer; the services are streams"):
+        make_plan("smoke", ["run.liveness_s={trainer: 5}"])
+    with pytest.raises(ConfigError, match=r"run.liveness_s.learner=0 must be a positive number"):
+        make_plan("smoke", ["run.liveness_s={learner: 0}"])
+    with pytest.raises(ConfigError, match=r"run.liveness_s=60 must map services to seconds"):
+        make_plan("smoke", ["run.liveness_s=60"])
