@@ -13,6 +13,15 @@ share proportional to their number. A share in [0, 1] instead draws each batch s
 synthesized tasks with that probability (when there are any). `recency_half_life` halves a
 synthesized task's weight every so many steps after it joined. Seed tasks are the fixed training split:
 verdicts never remove them. A batch holds distinct tasks while the pool has enough of them.
+
+Unloadable tasks. A validated task whose episode cannot start (BFCL's `InvalidTask`: an unknown tool
+class, an initial state its backend cannot load, no turns) would end the learner at `env.reset` in
+the middle of a step. So the pool tries each new or changed arrival the way an episode starts, one
+`env.reset` (milliseconds: the backends load their scenario), and refuses it; `draw()` checks every
+task once more the first time it is drawn (seeds, and tasks restored from a checkpoint, were never
+checked at arrival), drops one that fails from the pool and draws a replacement, so the step keeps
+its B groups. Refused tasks wait in `take_unloadable()` with where they came from, for the learner
+to dead-letter and report.
 """
 from __future__ import annotations
 
@@ -23,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from coevolve.services.envs import make_env
 from coevolve.services.envs.base import Task
 from coevolve.services.learner.config import SamplerConfig
 from coevolve.services.runtime.log import get_logger
@@ -38,10 +48,40 @@ class Drawn:
     source: str  # "seed" or "synthesized", as TrajectoryRecorded.task_source
 
 
+@dataclass(frozen=True)
+class Origin:
+    """Where an arrival was read: the coordinates a dead letter names."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+
+
+@dataclass(frozen=True)
+class Unloadable:
+    """A task the pool refused or dropped because its episode cannot start."""
+
+    task_id: str
+    reason: str
+    record: dict[str, Any] | None  # the TaskChecked record, for an arrival
+    origin: Origin | None  # None for a seed or restored task: nothing to dead-letter
+
+
+def load_problem(task: Task, env: str = "bfcl") -> str | None:
+    """Why an episode of `task` cannot start (what its `env.reset` raises), or None when it can."""
+    try:
+        make_env(env).reset(task)
+    except ValueError as exc:  # BFCL's InvalidTask is one
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
 class TaskPool:
     """Seed tasks and synthesized tasks; arrivals wait in a buffer until `refresh()`."""
 
-    def __init__(self, seed_tasks: Sequence[Task], config: SamplerConfig, seed: int = 0):
+    def __init__(self, seed_tasks: Sequence[Task], config: SamplerConfig, seed: int = 0,
+                 check: Callable[[Task], str | None] = load_problem):
         self.config = config
         self.seed = {t.task_id: t for t in seed_tasks}
         self.synthesized: dict[str, tuple[Task, int]] = {}  # task id -> (task, step it joined)
@@ -49,14 +89,18 @@ class TaskPool:
         self.step = 0
         self.frozen = False
         self.invalid = 0
-        self._pending: list[dict[str, Any]] = []
+        self.check = check
+        self.loadable: set[str] = set()  # ids whose current task passed `check`
+        self.dropped_seeds: set[str] = set()
+        self._unloadable: list[Unloadable] = []
+        self._pending: list[tuple[dict[str, Any], Origin | None]] = []
         self._lock = threading.Lock()
 
     # -- arrivals (any thread) --
-    def offer(self, record: dict[str, Any]) -> None:
-        """Buffer one `TaskChecked` record; it takes effect at the next `refresh()`."""
+    def offer(self, record: dict[str, Any], origin: Origin | None = None) -> None:
+        """Buffer one `TaskChecked` record (read at `origin`); it takes effect at the next `refresh()`."""
         with self._lock:
-            self._pending.append(record)
+            self._pending.append((record, origin))
 
     @property
     def pending(self) -> int:
@@ -71,16 +115,17 @@ class TaskPool:
         if not self.frozen:
             with self._lock:
                 records, self._pending = self._pending, []
-            for record in records:
-                self._apply(record, step)
+            for record, origin in records:
+                self._apply(record, step, origin)
         return time.perf_counter() - started
 
-    def _apply(self, record: dict[str, Any], step: int) -> None:
+    def _apply(self, record: dict[str, Any], step: int, origin: Origin | None = None) -> None:
         task_id = str(record.get("task_id", ""))
         if task_id in self.seed:
             return
         if record.get("verdict") != "validated":
             self.synthesized.pop(task_id, None)
+            self.loadable.discard(task_id)
             return
         try:
             task = Task.from_record(record)
@@ -89,8 +134,26 @@ class TaskPool:
             log.warning("sampler.invalid_task", task_id=task_id, reason=str(err))
             return
         known = self.synthesized.get(task_id)
-        if known is None or known[0] != task:
-            self.synthesized[task_id] = (task, step)
+        if known is not None and known[0] == task:
+            return
+        problem = self.check(task)
+        if problem is not None:
+            self._drop(Unloadable(task_id, problem, record, origin))
+            return
+        self.synthesized[task_id] = (task, step)
+        self.loadable.add(task_id)
+
+    def _drop(self, bad: Unloadable) -> None:
+        self.synthesized.pop(bad.task_id, None)
+        self.loadable.discard(bad.task_id)
+        if self.seed.pop(bad.task_id, None) is not None:
+            self.dropped_seeds.add(bad.task_id)
+        self._unloadable.append(bad)
+
+    def take_unloadable(self) -> list[Unloadable]:
+        """The tasks refused or dropped since the last call, oldest first."""
+        out, self._unloadable = self._unloadable, []
+        return out
 
     def freeze(self) -> None:
         """Stop taking tasks in (the static ablation); buffered and later arrivals are ignored."""
@@ -126,19 +189,42 @@ class TaskPool:
         self.rng.shuffle(drawn)
         return drawn
 
+    def draw(self, n: int) -> list[Drawn]:
+        """`sample(n)` of tasks whose episodes can start: one that cannot is dropped from the pool (see
+        `take_unloadable`) and replaced by a new draw. Each task is checked once, when first drawn."""
+        drawn: list[Drawn] = []
+        while len(drawn) < n:
+            fresh = self.sample(n - len(drawn))
+            for d in fresh:
+                task_id = d.task.task_id
+                if task_id not in self.loadable and task_id in {*self.seed, *self.synthesized}:
+                    problem = self.check(d.task)
+                    if problem is not None:
+                        self._drop(Unloadable(task_id, problem, None, None))
+                    else:
+                        self.loadable.add(task_id)
+            drawn += [d for d in fresh if d.task.task_id in self.loadable]
+        return drawn
+
     # -- checkpoints --
     def state(self) -> dict[str, Any]:
-        """Everything a resumed run needs: the RNG, the step, and the synthesized tasks with their age."""
+        """Everything a resumed run needs: the RNG, the step, the synthesized tasks with their age, and the
+        seed tasks dropped as unloadable."""
         version, internal, gauss = self.rng.getstate()
         return {"rng": [version, list(internal), gauss], "step": self.step, "frozen": self.frozen,
                 "synthesized": [{"task": t.to_record(), "joined": joined}
-                                for t, joined in (self.synthesized[k] for k in sorted(self.synthesized))]}
+                                for t, joined in (self.synthesized[k] for k in sorted(self.synthesized))],
+                "dropped_seeds": sorted(self.dropped_seeds)}
 
     def restore(self, state: dict[str, Any]) -> None:
         version, internal, gauss = state["rng"]
         self.rng.setstate((version, tuple(internal), gauss))
         self.step = int(state["step"])
         self.frozen = bool(state.get("frozen", False))
+        self.dropped_seeds = set(state.get("dropped_seeds", ())) | self.dropped_seeds
+        for task_id in self.dropped_seeds:
+            self.seed.pop(task_id, None)
+        self.loadable = set()
         self.synthesized = {}
         for entry in state["synthesized"]:
             task = Task.from_record(entry["task"])
@@ -176,7 +262,7 @@ class TaskFeed:
             while not self._stop.is_set():
                 for item in consumer.poll(self.poll_s):
                     if item.name == "TaskChecked":
-                        self.pool.offer(item.event)
+                        self.pool.offer(item.event, Origin(item.topic, item.partition, item.offset, item.key))
                         self.received += 1
         except Exception as exc:  # the learner keeps training on the pool it has; health reports it
             self.error = f"{type(exc).__name__}: {exc}"

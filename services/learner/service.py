@@ -1,11 +1,29 @@
 """`coevolve learner`: GRPO steps on the streaming task pool, published as events (a runtime.Service).
 
 Each `step()` of the service loop is one training step: take arrived tasks into the pool (the only
-time the learner waits on the loop), run the GRPO step (`step.StepRunner`), evaluate when due, then
-publish every trajectory, the `EvaluationCompleted` if any, and the `StepCompleted`, each batch
-confirmed by the broker before the next, and checkpoint. A SIGTERM or SIGINT stops the loop at the
-next step boundary; `finish()` checkpoints the last completed step. Event ids derive from (run,
-step, task, rollout), so a step re-run after a crash republishes the same ids, which consumers absorb.
+time the learner waits on the loop), run the GRPO step (`step.StepRunner`), evaluate when due, write
+the step's journal entry (`journal.py`: the batch the update trained on, the records to publish, the
+pool's state after the step), then publish every trajectory, the `EvaluationCompleted` if any, and
+the `StepCompleted`, each batch confirmed by the broker before the next, and checkpoint every
+`checkpoint_every` steps; a checkpoint prunes the journal up to its step. A SIGTERM or SIGINT stops
+the loop at the next step boundary; `finish()` checkpoints the last completed step.
+
+Resuming. Event ids derive from (run, step, task, rollout), and consumers keep the first copy of an
+id, so a step that published before a crash must never be re-run: its rollouts and update would
+differ from what was published. `--resume` restores the latest checkpoint c and then replays every
+journal entry c+1..k in order, without rollouts: the same `engine.train_step` on the journaled batch
+(so the weights, the optimizer state and `engine.steps` follow the path they took, with DeepSpeed and
+LoRA alike), the pool's state after the step, and the step's records sent again as journaled (same
+ids and content, which also completes a publish the crash cut short; the evaluation is sent as it
+was, never re-run). The weights are pushed to the rollout backend once, after the last entry, with
+the policy version that entry recorded; training continues at k+1. A step that crashed before its
+entry was renamed into place published nothing and is run afresh. Without a checkpoint, the replay
+starts from the starting weights.
+
+Unloadable tasks. A task whose episode cannot start (BFCL's `InvalidTask`) is refused by the pool when
+it arrives, or dropped when first drawn and replaced by another draw (sampler.py); the learner
+dead-letters an arrival (`task_unloadable` on coevolve.deadletter, the TaskChecked bytes kept), logs
+`learner.task_unloadable`, counts `learner_tasks_unloadable`, and trains on.
 """
 from __future__ import annotations
 
@@ -13,14 +31,16 @@ import dataclasses
 import itertools
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
 from coevolve.services.agent.config import BackendConfig, EpisodeLimits, SamplingConfig
 from coevolve.services.agent.episodes import EpisodesStopped
-from coevolve.services.kafka.topics import EVALUATIONS, STEPS, TASKS, TRAJECTORIES
+from coevolve.services.kafka.topics import DEADLETTER, EVALUATIONS, STEPS, TASKS, TRAJECTORIES
 from coevolve.services.learner import checkpoint as ckpt
+from coevolve.services.learner import journal
 from coevolve.services.learner.config import GRPOConfig, LearnerConfig, SamplerConfig, WarmupConfig
 from coevolve.services.learner.evaluation import due, evaluate
 from coevolve.services.learner.sampler import TaskFeed, TaskPool
@@ -32,16 +52,20 @@ PHASES = ("rollout", "scoring", "training", "push", "publish", "blocked")
 
 
 def resolve_run(cfg: LearnerConfig) -> tuple[str, ckpt.Checkpoint | None]:
-    """The run id and the checkpoint to continue from; refuse to overwrite a run without --resume."""
+    """The run id and the checkpoint to continue from; refuse to overwrite a run without --resume. A
+    journal without a checkpoint (a crash before the first one) is a run to resume too."""
     found = ckpt.latest_checkpoint(cfg.workdir)
-    if found is not None and not cfg.resume:
-        raise ConfigError(f"{cfg.workdir} holds a checkpoint of run {found.run_id} at step {found.step}; pass "
-                          "--resume to continue it, or choose another --workdir")
-    if found is not None:
-        if cfg.run_id and cfg.run_id != found.run_id:
-            raise ConfigError(f"--run-id {cfg.run_id} differs from the checkpoint's run {found.run_id} in "
-                              f"{cfg.workdir}; drop --run-id to resume it")
-        return found.run_id, found
+    journaled = journal.run_of(cfg.workdir) if found is None else None
+    existing = found.run_id if found is not None else journaled
+    if existing is not None and not cfg.resume:
+        holds = (f"a checkpoint of run {found.run_id} at step {found.step}" if found is not None
+                 else f"a step journal of run {journaled}")
+        raise ConfigError(f"{cfg.workdir} holds {holds}; pass --resume to continue it, or choose another --workdir")
+    if existing is not None:
+        if cfg.run_id and cfg.run_id != existing:
+            raise ConfigError(f"--run-id {cfg.run_id} differs from the run {existing} in {cfg.workdir}; "
+                              "drop --run-id to resume it")
+        return existing, found
     return cfg.run_id or datetime.now(timezone.utc).strftime("run-%Y%m%dT%H%M%SZ"), None
 
 
@@ -68,6 +92,7 @@ class Learner(Service):
         self.run_id, self.resumed = resolve_run(cfg)
         self.done = self.resumed.step if self.resumed else 0
         self.checkpointed = self.done
+        self.pool_state: dict[str, Any] | None = None  # the pool after the last completed step
         self.backend = self.engine = self.pool = self.feed = self.producer = self.runner = None
         self.started = time.monotonic()
         self.blocked = 0.0
@@ -89,6 +114,9 @@ class Learner(Service):
                                registry=reg)
         self.m_blocked = Gauge("learner_blocked_share", "Share of wall time blocked on the loop (taking tasks in).",
                                registry=reg)
+        self.m_replayed = Counter("learner_steps_replayed", "Journaled steps replayed at a resume.", registry=reg)
+        self.m_unloadable = Counter("learner_tasks_unloadable", "Tasks refused or dropped from the pool because "
+                                    "their episodes cannot start.", registry=reg)
 
     def details(self) -> dict:
         return {"run_id": self.run_id, "step": self.done, "pool": self.pool.size if self.pool else 0,
@@ -104,17 +132,23 @@ class Learner(Service):
         if self.resumed is not None:
             ckpt.restore_engine(self.engine, self.resumed)
             self.pool.restore(self.resumed.sampler)
-            self.backend.update_weights(self.engine.named_parameters(), version=self.resumed.policy_version)
+            self.pool_state = self.resumed.sampler
         self.producer = EventProducer(self.cfg.kafka_bootstrap, client_id="coevolve-learner")
+        version = self._replay()
+        if self.done:  # the backend serves the starting weights; a resumed run has moved on
+            self.backend.update_weights(self.engine.named_parameters(), version=version)
+            self.m_version.set(version)
         self.runner = StepRunner(self.cfg, self.grpo, self.pool, self.backend, self.engine, self.sampling,
                                  self.limits, self.run_id, self.reward)
         self.runner.should_stop = lambda: self.stopping
         self._follow_tasks()
-        if self.cfg.resume and self.resumed is None:
+        if self.cfg.resume and self.done == 0:
             self.log.info("learner.resume_fresh", workdir=str(self.cfg.workdir),
-                          reason="no checkpoint to resume from; starting at step 1")
-        self.log.info("learner.started", run_id=self.run_id, resumed_at=self.done, model=self.backend_cfg.model,
-                      backend=self.backend_cfg.backend, pool=self.pool.size, sampler=self.sampler_cfg.sampler)
+                          reason="no checkpoint or journal to resume from; starting at step 1")
+        checkpointed = self.resumed.step if self.resumed is not None else 0
+        self.log.info("learner.started", run_id=self.run_id, resumed_at=self.done, replayed=self.done - checkpointed,
+                      model=self.backend_cfg.model, backend=self.backend_cfg.backend, pool=self.pool.size,
+                      sampler=self.sampler_cfg.sampler)
         if self.done >= self.cfg.steps:
             self.stop()
         self.started = time.monotonic()
@@ -170,26 +204,57 @@ class Learner(Service):
         if self.sampler_cfg.sampler == "static":
             self._stop.wait(self.sampler_cfg.static_wait_s)  # a stop signal ends the wait early
             self.pool.refresh(self.done + 1)
+            self._report_unloadable()
             self.pool.freeze()
             self.feed.stop()
             self.log.info("learner.pool_frozen", pool=self.pool.size, synthesized=len(self.pool.synthesized))
 
+    def _replay(self) -> int:
+        """Replay the journal after the checkpoint (the module docstring); return the policy version."""
+        version = self.resumed.policy_version if self.resumed is not None else 0
+        for path in journal.entries_after(self.cfg.workdir, self.done):
+            entry = journal.read(path)
+            if entry.run_id != self.run_id:
+                raise ConfigError(f"{path} is a step of run {entry.run_id}, not of {self.run_id}; move the "
+                                  "journal away, or choose another --workdir")
+            loss = self.engine.train_step(entry.batch)["loss"] if entry.trained else None
+            if self.engine.steps != entry.engine_steps:
+                raise RuntimeError(f"{path} was journaled at engine step {entry.engine_steps}, its replay reached "
+                                   f"{self.engine.steps}: the journal does not continue the checkpoint")
+            self.pool.restore(entry.sampler)
+            self._publish(path, entry.trajectories, entry.evaluation, entry.record, published=entry.published)
+            self.done, version, self.pool_state = entry.step, entry.policy_version, entry.sampler
+            self.m_replayed.inc()
+            self.beat()
+            self.log.info("learner.step_replayed", step=entry.step, trained=entry.trained, loss=loss,
+                          journaled_loss=entry.record["loss"], trajectories=len(entry.trajectories),
+                          version=version, record_was_sent=entry.published)
+        return version
+
     def step(self) -> None:
-        """One training step, published and checkpointed; stop after the last."""
+        """One training step, journaled, published and checkpointed; stop after the last."""
         step = self.done + 1
         blocked = self.pool.refresh(step)
+        self._report_unloadable()
         try:
             result = self.runner.run(step, blocked)
-        except EpisodesStopped as stopped:  # nothing of this step was published; a resume redoes it
+        except EpisodesStopped as stopped:  # nothing of this step was journaled or published; a resume redoes it
+            self._report_unloadable()
             self.log.info("learner.step_abandoned", step=step, reason=str(stopped))
             return
+        self._report_unloadable()
         evaluation = None
         if due(self.cfg, step):
             evaluation = evaluate(self.backend, self.backend_cfg, self.cfg, self.limits,
                                   self.sampling.max_new_tokens, self.run_id, step)
             result.record["eval_score"] = evaluation["success_rate"]
-        self._publish(result, evaluation)
-        self.done, self.last = step, result
+        started = time.perf_counter()
+        sampler = self.pool.state()
+        path = journal.write(self.cfg.workdir, journal.Entry(
+            step, self.run_id, result.trained, result.batch, result.trajectories, evaluation, result.record,
+            self.backend.version, self.engine.steps, sampler))
+        result.record = self._publish(path, result.trajectories, evaluation, result.record, started=started)
+        self.done, self.last, self.pool_state = step, result, sampler
         self.blocked += blocked
         self._observe(result, evaluation)
         self.beat()
@@ -198,19 +263,46 @@ class Learner(Service):
         if step >= self.cfg.steps:
             self.stop()
 
-    def _publish(self, result: StepResult, evaluation: dict[str, Any] | None) -> None:
-        """Trajectories first, confirmed; then the evaluation and the step record."""
-        started = time.perf_counter()
-        for record in result.trajectories:
-            self.producer.send(TRAJECTORIES.name, record, key=record["task_id"])
+    def _publish(self, path: Path, trajectories: list[dict[str, Any]], evaluation: dict[str, Any] | None,
+                 record: dict[str, Any], published: bool = False, started: float | None = None) -> dict[str, Any]:
+        """Trajectories first, confirmed; then the evaluation and the step record, which is returned.
+
+        A step record not sent before gets its publish time (since `started`: the journal write
+        counts) and is kept in the journal entry at `path` before it is sent, so a replay sends this
+        one; a record `published` before is sent as it is."""
+        started = time.perf_counter() if started is None else started
+        for trajectory in trajectories:
+            self.producer.send(TRAJECTORIES.name, trajectory, key=trajectory["task_id"])
         self.producer.flush()
-        seconds = time.perf_counter() - started
-        result.record["publish_seconds"] = seconds
-        result.record["duration_seconds"] += seconds
+        if not published:
+            seconds = time.perf_counter() - started
+            record = {**record, "publish_seconds": seconds, "duration_seconds": record["duration_seconds"] + seconds}
+            journal.mark_published(path, record)
         if evaluation is not None:
             self.producer.send(EVALUATIONS.name, evaluation, key=self.run_id)
-        self.producer.send(STEPS.name, result.record, key=self.run_id)
+        self.producer.send(STEPS.name, record, key=self.run_id)
         self.producer.flush()
+        return record
+
+    def _report_unloadable(self) -> None:
+        """Dead-letter (an arrival from coevolve.tasks), log and count each task the pool refused or dropped."""
+        from coevolve.services.kafka.consumer import dead_letter
+
+        sent = False
+        for bad in self.pool.take_unloadable():
+            self.m_unloadable.inc()
+            self.log.warning("learner.task_unloadable", task_id=bad.task_id, reason=bad.reason,
+                             dead_lettered=bad.origin is not None)
+            if bad.origin is None:  # a seed or restored task: no event to dead-letter
+                continue
+            where = bad.origin
+            payload = self.producer.registry.encode("TaskChecked", bad.record)
+            self.producer.send(DEADLETTER.name, dead_letter(where.topic, where.partition, where.offset, where.key,
+                                                            payload, "task_unloadable", bad.reason, self.name),
+                               key=where.topic)
+            sent = True
+        if sent:
+            self.producer.flush()
 
     def _observe(self, result: StepResult, evaluation: dict[str, Any] | None) -> None:
         rec = result.record
@@ -241,8 +333,10 @@ class Learner(Service):
                                                                  ("warmup", self.warmup),
                                                                  ("backend", self.backend_cfg))}
         path = ckpt.save_checkpoint(self.cfg.workdir, self.engine, step=self.done, run_id=self.run_id,
-                                    policy_version=self.backend.version, sampler=self.pool.state(),
+                                    policy_version=self.backend.version,
+                                    sampler=self.pool_state if self.pool_state is not None else self.pool.state(),
                                     config=configs, keep=self.cfg.keep_checkpoints)
+        journal.prune(self.cfg.workdir, self.done)
         self.checkpointed = self.done
         self.log.info("learner.checkpointed", step=self.done, path=str(path))
 

@@ -1,6 +1,6 @@
 """One GRPO training step, top to bottom: sample, roll out, score, advantages, update, push.
 
-    drawn    = pool.sample(B)                                  # the pool changed only before this step
+    drawn    = pool.draw(B)                                    # the pool changed only before this step
     episodes = run_episodes(K copies of each task, backend)    # batched multi-turn rollouts
     rewards  = success (binary) or fraction of turns passed (partial)
     A_i      = (r_i - mean_group) / (std_group + eps)          # grpo.group_advantages
@@ -10,11 +10,14 @@
 
 Every rollout of the step (dropped flat groups included) becomes a `TrajectoryRecorded` record, and
 the step a `StepCompleted` record; publishing them is the service's job, after the step is complete,
-so nothing of an abandoned step reaches the broker. Rollout log-probs are those of the tempered
-sampling distribution (the backends report them so), the same quantity `grpo.token_logprobs`
-computes with `GRPOConfig.temperature`, which is also the rollout temperature: the ratio is 1 before
-an update. `scoring_seconds` covers rewards and advantages; the environment's own turn checks run
-inside the episodes and count as rollout time.
+so nothing of an abandoned step reaches the broker. The result also carries the exact batch the
+update trained on, which the service journals so that a resumed learner replays the update instead
+of re-running the step (journal.py). A drawn task whose episode cannot start is dropped from the pool
+and replaced by another draw (`TaskPool.draw`), so no episode meets an `InvalidTask`. Rollout
+log-probs are those of the tempered sampling distribution (the backends report them so), the same
+quantity `grpo.token_logprobs` computes with `GRPOConfig.temperature`, which is also the rollout
+temperature: the ratio is 1 before an update. `scoring_seconds` covers rewards and advantages; the
+environment's own turn checks run inside the episodes and count as rollout time.
 """
 from __future__ import annotations
 
@@ -67,6 +70,8 @@ class StepResult:
     record: dict[str, Any]
     train_metrics: dict[str, float]
     trained: bool
+    batch: list[TrainSequence] = field(default_factory=list)
+    """The sequences the update trained on; empty when the step did not train."""
 
 
 def step_event_id(run_id: str, step: int) -> str:
@@ -110,7 +115,7 @@ class StepRunner:
 
     def gather(self) -> tuple[list[Group], list[Group], int]:
         """Roll out B tasks (and redraws); return every group, the groups to train on, and the redraws."""
-        groups = self.roll_out(self.pool.sample(self.cfg.batch_tasks))
+        groups = self.roll_out(self.pool.draw(self.cfg.batch_tasks))
         if not self.cfg.dynamic_sampling:
             return groups, groups, 0
         kept = [g for g in groups if not g.flat]
@@ -119,7 +124,7 @@ class StepRunner:
             missing = self.cfg.batch_tasks - len(kept)
             if missing <= 0:
                 break
-            fresh = self.roll_out(self.pool.sample(missing))
+            fresh = self.roll_out(self.pool.draw(missing))
             resampled += len(fresh)
             groups += fresh
             kept += [g for g in fresh if not g.flat]
@@ -165,7 +170,7 @@ class StepRunner:
             "training_seconds": self.times.get("training", 0.0), "push_seconds": self.times.get("push", 0.0),
             "publish_seconds": None, "blocked_seconds": blocked_seconds,
             "produced_at": int(time.time() * 1000)}
-        return StepResult(step, trajectories, record, metrics, trained)
+        return StepResult(step, trajectories, record, metrics, trained, batch if trained else [])
 
     def trajectories(self, step: int, groups: Sequence[Group]) -> list[dict[str, Any]]:
         """Every rollout as a TrajectoryRecorded record; a task drawn twice keeps distinct rollout indices."""

@@ -1,0 +1,156 @@
+"""The learner's step journal: entries round-trip exactly, appear only once renamed into place, are pruned
+by a checkpoint, and a resumed learner replays them (the update on the journaled batch, the pool's state,
+the records sent again) instead of re-running the steps."""
+import logging
+
+import pytest
+
+from coevolve.services.agent.config import BackendConfig
+from coevolve.services.envs.bfcl_data import load_tasks
+from coevolve.services.kafka.topics import EVALUATIONS, STEPS, TRAJECTORIES
+from coevolve.services.learner import journal
+from coevolve.services.learner.batch import TrainSequence
+from coevolve.services.learner.config import GRPOConfig, LearnerConfig, SamplerConfig
+from coevolve.services.learner.sampler import TaskPool
+from coevolve.services.learner.service import Learner, resolve_run
+from coevolve.services.runtime.config import ConfigError
+
+SEEDS = load_tasks(split="train")[:3]
+FRESH_POOL = TaskPool(SEEDS, SamplerConfig(), seed=3).state()
+
+
+def entry(step: int, run_id: str = "run-j", trained: bool = True, published: bool = False) -> journal.Entry:
+    batch = [TrainSequence([5, 6, 7, 8], [0, 1, 1, 0], [0.0, -0.1234567890123457, -1 / 3, 0.0], 0.7071067811865476),
+             TrainSequence([5, 6, 9], [0, 0, 1], [0.0, 0.0, -2.5e-9], -0.7071067811865476)] if trained else []
+    trajectories = [{"event_id": f"t-{step}-{i}", "step": step, "task_id": "a", "score": i / 3,
+                     "actions": [{"name": "ls", "arguments": "{}", "observation": "é", "turn": 0}]}
+                    for i in range(2)]
+    record = {"event_id": f"s-{step}", "step": step, "loss": 0.125 * step, "publish_seconds": None,
+              "duration_seconds": 1.5, "policy_version": step}
+    return journal.Entry(step=step, run_id=run_id, trained=trained, batch=batch, trajectories=trajectories,
+                         evaluation={"event_id": f"e-{step}", "success_rate": 0.5} if step == 2 else None,
+                         record=record, policy_version=step, engine_steps=step, sampler=FRESH_POOL,
+                         published=published)
+
+
+def test_an_entry_reads_back_exactly(tmp_path):
+    written = entry(2)
+    path = journal.write(tmp_path, written)
+    assert path == tmp_path / "journal" / "step-000002"
+    assert journal.read(path) == written
+    assert journal.read(journal.write(tmp_path, entry(3, trained=False))).batch == []
+
+
+def test_the_record_as_sent_replaces_the_one_built_before_publishing(tmp_path):
+    path = journal.write(tmp_path, entry(1))
+    sent = {**entry(1).record, "publish_seconds": 0.25, "duration_seconds": 1.75}
+    journal.mark_published(path, sent)
+    found = journal.read(path)
+    assert found.published and found.record == sent
+    assert not any(p.name.endswith(".tmp") for p in path.iterdir())
+
+
+def test_a_write_cut_short_before_its_rename_leaves_no_entry(tmp_path, monkeypatch):
+    journal.write(tmp_path, entry(1))
+
+    def crash(*_):
+        raise OSError("killed before the rename")
+    monkeypatch.setattr(journal.os, "replace", crash)
+    with pytest.raises(OSError):
+        journal.write(tmp_path, entry(2))
+    monkeypatch.undo()
+    assert (tmp_path / "journal" / "step-000002.tmp" / "batch.json").is_file()
+    assert list(journal.complete(tmp_path)) == [1]
+    assert journal.entries_after(tmp_path, 0) == [tmp_path / "journal" / "step-000001"]
+    assert journal.read(journal.write(tmp_path, entry(2))) == entry(2)  # a later write replaces the leftover
+
+
+def test_entries_after_a_step_run_up_to_the_first_gap(tmp_path):
+    for step in (3, 4, 6):
+        journal.write(tmp_path, entry(step))
+    assert [p.name for p in journal.entries_after(tmp_path, 2)] == ["step-000003", "step-000004"]
+    assert journal.entries_after(tmp_path, 4) == [] and journal.entries_after(tmp_path, 5)[0].name == "step-000006"
+    assert journal.run_of(tmp_path) == "run-j" and journal.run_of(tmp_path / "none") is None
+
+
+def test_a_checkpoint_prunes_the_entries_at_or_below_its_step_and_unfinished_writes(tmp_path):
+    for step in (1, 2, 3):
+        journal.write(tmp_path, entry(step))
+    (tmp_path / "journal" / "step-000004.tmp").mkdir()
+    journal.prune(tmp_path, 2)
+    assert sorted(p.name for p in (tmp_path / "journal").iterdir()) == ["step-000003"]
+
+
+def test_a_journal_without_a_checkpoint_is_a_run_to_resume(tmp_path):
+    journal.write(tmp_path, entry(1, run_id="run-crashed"))
+    with pytest.raises(ConfigError, match="step journal of run run-crashed.*--resume"):
+        resolve_run(LearnerConfig(workdir=tmp_path))
+    assert resolve_run(LearnerConfig(workdir=tmp_path, resume=True)) == ("run-crashed", None)
+    with pytest.raises(ConfigError, match="differs"):
+        resolve_run(LearnerConfig(workdir=tmp_path, resume=True, run_id="other"))
+
+
+class CountingEngine:
+    """Records each batch it trains on and counts its steps, as `Engine.train_step` does."""
+
+    def __init__(self):
+        self.steps = 0
+        self.batches = []
+
+    def train_step(self, batch):
+        self.batches.append(list(batch))
+        self.steps += 1
+        return {"loss": 0.125 * (self.steps)}
+
+
+class Producer:
+    def __init__(self):
+        self.sent = []
+
+    def send(self, topic, record, key=None):
+        self.sent.append((topic, record))
+
+    def flush(self):
+        pass
+
+
+def replaying(tmp_path):
+    service = Learner(LearnerConfig(workdir=tmp_path, resume=True, steps=5), GRPOConfig(), SamplerConfig(),
+                      BackendConfig(model="tiny-random", backend="transformers"))
+    service.engine, service.producer = CountingEngine(), Producer()
+    service.pool = TaskPool(SEEDS, SamplerConfig(), seed=3)
+    return service
+
+
+def test_a_resume_replays_each_journaled_step_and_sends_its_records_again(tmp_path, caplog):
+    pool = TaskPool(SEEDS, SamplerConfig(), seed=3)
+    pool.sample(2)
+    after_two = pool.state()
+    sent_one = {**entry(1).record, "publish_seconds": 0.25}
+    journal.mark_published(journal.write(tmp_path, entry(1)), sent_one)
+    journal.write(tmp_path, journal.Entry(**{**entry(2).__dict__, "sampler": after_two}))  # crashed mid-publish
+    service = replaying(tmp_path)
+    with caplog.at_level(logging.INFO, logger="coevolve.learner"):
+        assert service._replay() == 2
+    assert service.done == 2 and service.engine.steps == 2
+    assert service.engine.batches == [entry(1).batch, entry(2).batch]
+    assert service.pool.state() == after_two == service.pool_state
+    topics = [topic for topic, _ in service.producer.sent]
+    assert topics == [TRAJECTORIES.name] * 2 + [STEPS.name] + [TRAJECTORIES.name] * 2 + [EVALUATIONS.name, STEPS.name]
+    records = [r for _, r in service.producer.sent]
+    assert records[:2] == entry(1).trajectories and records[2] == sent_one
+    assert records[5] == entry(2).evaluation
+    assert records[6]["publish_seconds"] > 0 and journal.read(tmp_path / "journal" / "step-000002").record == records[6]
+    replayed = [r.fields for r in caplog.records if r.getMessage() == "learner.step_replayed"]
+    assert [(f["step"], f["loss"], f["journaled_loss"]) for f in replayed] == [(1, 0.125, 0.125), (2, 0.25, 0.25)]
+
+
+def test_a_replay_follows_the_checkpoint_and_refuses_a_journal_that_does_not(tmp_path):
+    journal.write(tmp_path, journal.Entry(**{**entry(1, trained=False).__dict__, "engine_steps": 0}))
+    journal.write(tmp_path, journal.Entry(**{**entry(2).__dict__, "engine_steps": 1}))
+    service = replaying(tmp_path)
+    assert service._replay() == 2 and service.engine.batches == [entry(2).batch]
+    journal.write(tmp_path, entry(3))  # it claims three updates; only one was journaled before it
+    again = replaying(tmp_path)
+    with pytest.raises(RuntimeError, match="does not continue the checkpoint"):
+        again._replay()
