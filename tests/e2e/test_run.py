@@ -13,6 +13,7 @@ from coevolve.services.clickhouse.client import chdb_url, connect
 from coevolve.services.kafka.consumer import EventConsumer
 from coevolve.services.kafka.embedded import EmbeddedBroker
 from coevolve.services.kafka.topics import CATALOG
+from tests.faults.scenario import inject_validated_task
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 EXE = str(Path(sys.executable).with_name("coevolve"))
@@ -44,27 +45,9 @@ def _run(workdir: Path, bootstrap: str, *extra: str, timeout: float = 600) -> su
                            *extra], capture_output=True, text=True, timeout=timeout)
 
 
-def _validated_task(run_id: str) -> dict:
-    """A `TaskChecked` the validator's real stages passed (a scripted model proposes and solves it: a
-    tiny policy rarely writes a task it can then solve), as this run's validator would publish it."""
-    from tests.unit.test_validator_service import CALLS, PROPOSAL, _backend, _check
-
-    checked, _ = _check(_backend(json.dumps(PROPOSAL), "[" + ", ".join(CALLS) + "]"))
-    assert checked.record["verdict"] == "validated"
-    return {**checked.record, "run_id": run_id}
-
-
 def test_smoke_runs_every_stage_and_its_summary_agrees_with_the_broker(tmp_path, broker):
-    from coevolve.services.kafka.producer import EventProducer
-    from coevolve.services.kafka.topics import TASKS, create_topics
-
     # A validated task already on coevolve.tasks: the learner's feed takes it in at a step boundary.
-    create_topics(broker)
-    injected = _validated_task("smoke-e2e")
-    producer = EventProducer(broker, client_id="test")
-    producer.send(TASKS.name, injected, key=injected["task_id"])
-    producer.flush()
-    producer.close()
+    injected = inject_validated_task(broker, "smoke-e2e")
     done = _run(tmp_path, broker, "--run-id", "smoke-e2e")
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     stdout = done.stdout

@@ -1,0 +1,198 @@
+"""The fault-injection run: `coevolve run --preset smoke` while the validator, the explorer, the signal
+worker and the learner are each SIGKILLed once where a crash costs the most (`sitecustomize.py`), and
+the checks that nothing was lost or counted twice. `tests/e2e/test_faults.py` runs it once;
+`python -m bench.bench_faults --repeats N` runs it N times and counts the runs that pass.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+from coevolve.services.clickhouse.client import chdb_url, connect
+from coevolve.services.kafka.consumer import EventConsumer
+from coevolve.services.kafka.producer import EventProducer
+from coevolve.services.kafka.topics import CATALOG, TASKS, create_topics
+from coevolve.services.learner.checkpoint import latest_checkpoint
+
+FAULTS = ("validator", "explorer", "streams", "learner")
+HERE = Path(__file__).resolve().parent
+EXE = str(Path(sys.executable).with_name("coevolve"))
+MARGIN = timedelta(seconds=10)  # a verdict this long before a step began was in the learner's pool for it
+
+
+@dataclass
+class Outcome:
+    """One fault-injection run: what it printed, which faults fired, and every check that failed."""
+
+    returncode: int
+    output: str
+    fired: list[str]
+    problems: list[str]
+
+    @property
+    def passed(self) -> bool:
+        return self.returncode == 0 and not self.problems
+
+
+def validated_task(run_id: str) -> dict:
+    """A `TaskChecked` the validator's real stages passed (a scripted model proposes and solves it: a
+    tiny policy rarely writes a task it can then solve), as the run's validator would publish it."""
+    from tests.unit.test_validator_service import CALLS, PROPOSAL, _backend, _check
+
+    checked, _ = _check(_backend(json.dumps(PROPOSAL), "[" + ", ".join(CALLS) + "]"))
+    assert checked.record["verdict"] == "validated"
+    return {**checked.record, "run_id": run_id}
+
+
+def inject_validated_task(bootstrap: str, run_id: str) -> dict:
+    """Put a validated `TaskChecked` on coevolve.tasks before the run, so the pool has a task to keep."""
+    record = validated_task(run_id)
+    create_topics(bootstrap)
+    with EventProducer(bootstrap, client_id="faults") as producer:
+        producer.send(TASKS.name, record, key=record["task_id"])
+    return record
+
+
+def run(workdir: Path, bootstrap: str, run_id: str, timeout_s: float = 1200) -> Outcome:
+    """`coevolve run --preset smoke` with the four faults armed and a validated task on coevolve.tasks; then
+    every check."""
+    inject_validated_task(bootstrap, run_id)
+    faults = workdir / "faults"
+    faults.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "COEVOLVE_FAULTS": str(faults),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([EXE, "run", "--preset", "smoke", "--workdir", str(workdir), "--bootstrap", bootstrap,
+                           "--run-id", run_id], capture_output=True, text=True, timeout=timeout_s, env=env)
+    output = done.stdout + done.stderr
+    fired = sorted(p.name for p in faults.iterdir())
+    if done.returncode != 0:
+        return Outcome(done.returncode, output, fired, [f"coevolve run exited with {done.returncode}"])
+    return Outcome(done.returncode, output, fired, check(workdir, bootstrap, run_id, fired))
+
+
+def read_log(bootstrap: str) -> dict[str, list[dict]]:
+    """Every event on the run's topics, by event name, every copy."""
+    consumer = EventConsumer(bootstrap, list(CATALOG), service="faults")
+    try:
+        out: dict[str, list[dict]] = defaultdict(list)
+        for item in consumer.drain(idle_s=2.0):
+            out[item.name].append(item.event)
+    finally:
+        consumer.close()
+    return out
+
+
+def by_id(events: list[dict]) -> dict[str, dict]:
+    return {e["event_id"]: e for e in events}
+
+
+def check(workdir: Path, bootstrap: str, run_id: str, fired: list[str]) -> list[str]:
+    """Every way the faults could have lost or doubled something, as messages; empty when none did."""
+    summary = json.loads((workdir / "summary.json").read_text())
+    log = read_log(bootstrap)
+    problems = [f"the {name} fault never fired" for name in FAULTS if name not in fired]
+    killed = {r["service"] for r in summary["restarts"] if r["exit_code"] == -9 and r["cause"] == "exit"}
+    problems += [f"summary.json lists no restart of the killed {name}" for name in fired if name not in killed]
+    problems += _steps_and_trajectories(workdir, summary, log, run_id)
+    problems += _verdicts(workdir, summary, log, run_id)
+    problems += _signals(workdir, summary, log, run_id)
+    return problems
+
+
+def _copies_differ(events: list[dict]) -> list[str]:
+    """Event ids sent more than once with different contents."""
+    first: dict[str, dict] = {}
+    out = []
+    for event in events:
+        seen = first.setdefault(event["event_id"], event)
+        if seen != event:
+            out.append(event["event_id"])
+    return out
+
+
+def _steps_and_trajectories(workdir: Path, summary: dict, log: dict, run_id: str) -> list[str]:
+    problems = []
+    steps = [e for e in log["StepCompleted"] if e["run_id"] == run_id]
+    trajectories = [e for e in log["TrajectoryRecorded"] if e["run_id"] == run_id]
+    for name, events in (("StepCompleted", steps), ("TrajectoryRecorded", trajectories)):
+        if differ := _copies_differ(events):
+            problems.append(f"{len(differ)} {name} ids sent with different contents, e.g. {differ[0]}")
+    unique = by_id(trajectories)
+    per_step = {s["step"]: s["trajectory_count"] for s in by_id(steps).values()}
+    if summary["state"] != "completed" or sorted(per_step) != list(range(1, summary["steps"] + 1)):
+        problems.append(f"state {summary['state']}, steps on the broker {sorted(per_step)}")
+    if len(unique) != sum(per_step.values()) or summary["trajectories"] != len(unique):
+        problems.append(f"{len(unique)} trajectories on the broker, the steps count {sum(per_step.values())}, "
+                        f"summary.json {summary['trajectories']}")
+    slots = {(t["step"], t["task_id"], t["rollout_index"]) for t in unique.values()}
+    if len(slots) != len(unique):
+        problems.append(f"{len(unique) - len(slots)} rollouts published under two ids")
+    rows = _archived(workdir, "SELECT event_id FROM coevolve.trajectories FINAL WHERE run_id = {r:String}", run_id)
+    if sorted(r[0] for r in rows) != sorted(unique):
+        problems.append(f"the archive holds {len(rows)} trajectories, the broker {len(unique)}")
+    return problems
+
+
+def _archived(workdir: Path, sql: str, run_id: str) -> list[tuple]:
+    client = connect(chdb_url(workdir), create=False)
+    try:
+        return client.query(sql, parameters={"r": run_id}).result_rows
+    finally:
+        client.close()
+
+
+def _verdicts(workdir: Path, summary: dict, log: dict, run_id: str) -> list[str]:
+    """One verdict per task id on coevolve.tasks and in the archive; no validated task left out of the
+    pool of a step that began after it was published."""
+    problems = []
+    checked = [e for e in log["TaskChecked"] if e["source"] == "synthesized"]
+    verdicts, ids = defaultdict(set), defaultdict(set)
+    for e in checked:
+        verdicts[e["task_id"]].add(e["verdict"])
+        ids[e["task_id"]].add(e["event_id"])
+    twice = sorted(t for t in verdicts if len(verdicts[t]) > 1 or len(ids[t]) > 1)
+    problems += [f"task {t} has verdicts {sorted(verdicts[t])} under {len(ids[t])} ids" for t in twice]
+    rows = dict(_archived(workdir, "SELECT task_id, count() FROM coevolve.tasks FINAL WHERE source = 'synthesized' "
+                                   "GROUP BY task_id", run_id))
+    if rows != {t: 1 for t in verdicts}:
+        problems.append(f"archived verdicts per task {rows}, on the broker {sorted(verdicts)}")
+    final = {e["task_id"]: e for e in checked}
+    validated = {t for t, e in final.items() if e["verdict"] == "validated"}
+    if summary["tasks_proposed"] != len(final) or summary["tasks_validated"] != len(validated):
+        problems.append(f"summary.json: {summary['tasks_proposed']} proposed, {summary['tasks_validated']} "
+                        f"validated; the broker: {len(final)}, {len(validated)}")
+    last = max((e for e in log["StepCompleted"] if e["run_id"] == run_id), key=lambda e: e["step"])
+    began = last["produced_at"] - timedelta(seconds=last["duration_seconds"])  # decoded as datetimes
+    checkpoint = latest_checkpoint(workdir / "runs" / run_id / "learner")
+    pool = {s["task"]["task_id"] for s in checkpoint.sampler["synthesized"]} if checkpoint else set()
+    lost = sorted(t for t in validated if final[t]["produced_at"] < began - MARGIN and t not in pool)
+    if lost:
+        problems.append(f"validated tasks missing from the learner's last pool: {lost}")
+    return problems
+
+
+def _signals(workdir: Path, summary: dict, log: dict, run_id: str) -> list[str]:
+    """The live signals equal `coevolve replay` of the archived trajectories, and summary.json's counts."""
+    live = by_id(e for e in log["SignalRaised"] if e["run_id"] == run_id)
+    counts = {k: sum(s["kind"] == k for s in live.values()) for k in ("forgetting", "boundary", "rare")}
+    problems = [] if summary["signals"] == counts else [f"summary.json signals {summary['signals']}, live {counts}"]
+    out = workdir / "replayed.jsonl"
+    th = summary["thresholds"]
+    flags = [f"--{k.replace('_', '-')}={th[k]}" for k in ("success_threshold", "window", "rare_threshold",
+                                                          "pattern_length")]
+    done = subprocess.run([EXE, "replay", "--clickhouse", chdb_url(workdir), "--output", str(out), *flags],
+                          capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        return problems + [f"coevolve replay exited with {done.returncode}: {done.stderr[-2000:]}"]
+    replayed = {s["id"] for line in out.read_text().splitlines() for s in [json.loads(line)]
+                if s["run_id"] == run_id}
+    if replayed != set(live):
+        problems.append(f"live signals {len(live)}, replayed {len(replayed)}: only live "
+                        f"{sorted(set(live) - replayed)[:5]}, only replayed {sorted(replayed - set(live))[:5]}")
+    return problems
