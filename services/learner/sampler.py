@@ -242,7 +242,8 @@ def _weighted(rng: random.Random, items: list[Drawn], weights: list[float], n: i
 
 
 class TaskFeed:
-    """A daemon thread reading `coevolve.tasks` from the beginning into `pool.offer`."""
+    """A daemon thread reading `coevolve.tasks` from the beginning into `pool.offer`; what is not a
+    `TaskChecked` (or does not decode) goes to the consumer's dead letters, sent by a producer of its own."""
 
     def __init__(self, make_consumer: Callable[[], Any], pool: TaskPool, poll_s: float = 0.2):
         self.make_consumer, self.pool, self.poll_s = make_consumer, pool, poll_s
@@ -256,7 +257,7 @@ class TaskFeed:
         return self
 
     def _run(self) -> None:
-        consumer = None
+        consumer, flushed = None, 0
         try:
             consumer = self.make_consumer()
             while not self._stop.is_set():
@@ -264,12 +265,20 @@ class TaskFeed:
                     if item.name == "TaskChecked":
                         self.pool.offer(item.event, Origin(item.topic, item.partition, item.offset, item.key))
                         self.received += 1
+                    else:
+                        consumer.reject(item, "invalid", f"{item.name} on {item.topic}: the learner takes only "
+                                                         "TaskChecked events from it")
+                if consumer.dead_lettered != flushed and consumer.deadletters is not None:
+                    consumer.deadletters.flush()  # undecodable or foreign events, dead-lettered as read
+                    flushed = consumer.dead_lettered
         except Exception as exc:  # the learner keeps training on the pool it has; health reports it
             self.error = f"{type(exc).__name__}: {exc}"
             log.error("sampler.feed_failed", error=self.error)
         finally:
             if consumer is not None:
                 consumer.close()
+                if consumer.deadletters is not None:
+                    consumer.deadletters.close()
 
     def stop(self, timeout_s: float = 5.0) -> None:
         self._stop.set()

@@ -196,11 +196,16 @@ class Learner(Service):
     def _follow_tasks(self) -> None:
         """Start the task feed; in static mode read for `static_wait_s`, take the tasks in, then freeze."""
         from coevolve.services.kafka.consumer import EventConsumer
+        from coevolve.services.kafka.producer import EventProducer
 
         if self.pool.frozen:
             return
-        self.feed = TaskFeed(lambda: EventConsumer(self.cfg.kafka_bootstrap, [TASKS.name], service="learner"),
-                             self.pool).start()
+
+        def consumer() -> EventConsumer:
+            deadletters = EventProducer(self.cfg.kafka_bootstrap, client_id="coevolve-learner-feed")
+            return EventConsumer(self.cfg.kafka_bootstrap, [TASKS.name], service="learner", deadletters=deadletters)
+
+        self.feed = TaskFeed(consumer, self.pool).start()
         if self.sampler_cfg.sampler == "static":
             self._stop.wait(self.sampler_cfg.static_wait_s)  # a stop signal ends the wait early
             self.pool.refresh(self.done + 1)

@@ -17,12 +17,15 @@ from pathlib import Path
 from coevolve.services.clickhouse.client import chdb_url, connect
 from coevolve.services.kafka.consumer import EventConsumer
 from coevolve.services.kafka.producer import EventProducer
-from coevolve.services.kafka.topics import CATALOG, TASKS, create_topics
+from coevolve.services.kafka.topics import (CATALOG, EXPLORATIONS, SIGNALS, STEPS, TASKS, TRAJECTORIES,
+                                             create_topics)
 from coevolve.services.learner.checkpoint import latest_checkpoint
+from coevolve.services.validator.verdict import verdict_id
 
 FAULTS = ("validator", "explorer", "streams", "learner")
 HERE = Path(__file__).resolve().parent
 EXE = str(Path(sys.executable).with_name("coevolve"))
+GARBAGE = b"garbage, not an Avro single-object event"
 MARGIN = timedelta(seconds=10)  # a verdict this long before a step began was in the learner's pool for it
 
 
@@ -59,10 +62,27 @@ def inject_validated_task(bootstrap: str, run_id: str) -> dict:
     return record
 
 
+def inject_bad_input(bootstrap: str, run_id: str) -> str:
+    """Garbage on every topic, a `TaskChecked` on coevolve.explorations, and a validated task whose initial
+    state cannot load on coevolve.tasks; return that task's id."""
+    good = validated_task(run_id)
+    state = json.loads(good["initial_state"])
+    task_id = "synthesized_unloadable"
+    unloadable = {**good, "task_id": task_id, "event_id": verdict_id(task_id, "validated"),
+                  "initial_state": json.dumps({**state, "GorillaFileSystem": {"root": 5}})}
+    with EventProducer(bootstrap, client_id="faults") as producer:
+        for topic in CATALOG:
+            producer.send_raw(topic, GARBAGE, key=b"garbage", event_id=f"garbage-{topic}")
+        producer.send(EXPLORATIONS.name, good, key=good["task_id"], record_name="TaskChecked")
+        producer.send(TASKS.name, unloadable, key=unloadable["task_id"])
+    return unloadable["task_id"]
+
+
 def run(workdir: Path, bootstrap: str, run_id: str, timeout_s: float = 1200) -> Outcome:
-    """`coevolve run --preset smoke` with the four faults armed and a validated task on coevolve.tasks; then
-    every check."""
+    """`coevolve run --preset smoke` with the four faults armed, a validated task on coevolve.tasks and bad
+    input on every topic; then every check."""
     inject_validated_task(bootstrap, run_id)
+    unloadable = inject_bad_input(bootstrap, run_id)
     faults = workdir / "faults"
     faults.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "COEVOLVE_FAULTS": str(faults),
@@ -73,16 +93,18 @@ def run(workdir: Path, bootstrap: str, run_id: str, timeout_s: float = 1200) -> 
     fired = sorted(p.name for p in faults.iterdir())
     if done.returncode != 0:
         return Outcome(done.returncode, output, fired, [f"coevolve run exited with {done.returncode}"])
-    return Outcome(done.returncode, output, fired, check(workdir, bootstrap, run_id, fired))
+    return Outcome(done.returncode, output, fired, check(workdir, bootstrap, run_id, fired, unloadable))
 
 
 def read_log(bootstrap: str) -> dict[str, list[dict]]:
-    """Every event on the run's topics, by event name, every copy."""
+    """Every event on the run's topics, by event name, every copy; events on a topic not theirs (the bad
+    input) are left out."""
     consumer = EventConsumer(bootstrap, list(CATALOG), service="faults")
     try:
         out: dict[str, list[dict]] = defaultdict(list)
         for item in consumer.drain(idle_s=2.0):
-            out[item.name].append(item.event)
+            if CATALOG[item.topic].event == item.name:
+                out[item.name].append(item.event)
     finally:
         consumer.close()
     return out
@@ -92,16 +114,34 @@ def by_id(events: list[dict]) -> dict[str, dict]:
     return {e["event_id"]: e for e in events}
 
 
-def check(workdir: Path, bootstrap: str, run_id: str, fired: list[str]) -> list[str]:
+def check(workdir: Path, bootstrap: str, run_id: str, fired: list[str], unloadable: str) -> list[str]:
     """Every way the faults could have lost or doubled something, as messages; empty when none did."""
     summary = json.loads((workdir / "summary.json").read_text())
     log = read_log(bootstrap)
     problems = [f"the {name} fault never fired" for name in FAULTS if name not in fired]
     killed = {r["service"] for r in summary["restarts"] if r["exit_code"] == -9 and r["cause"] == "exit"}
     problems += [f"summary.json lists no restart of the killed {name}" for name in fired if name not in killed]
+    problems += [f"unplanned restart: {r}" for r in summary["restarts"] if r["exit_code"] != -9]
+    problems += _dead_letters(log, unloadable)
     problems += _steps_and_trajectories(workdir, summary, log, run_id)
-    problems += _verdicts(workdir, summary, log, run_id)
+    problems += _verdicts(workdir, summary, log, run_id, unloadable)
     problems += _signals(workdir, summary, log, run_id)
+    return problems
+
+
+def _dead_letters(log: dict, unloadable: str) -> list[str]:
+    """Each consumer dead-lettered the garbage on its topics and the events it does not handle; the
+    learner the unloadable task."""
+    letters = {(d["service"], d["source_topic"], d["error_type"]) for d in log["DeadLettered"]}
+    expected = {("archiver", topic, "malformed") for topic in CATALOG} | {
+        ("streams", TRAJECTORIES.name, "malformed"), ("streams", STEPS.name, "malformed"),
+        ("explorer", SIGNALS.name, "malformed"), ("explorer", STEPS.name, "malformed"),
+        ("validator", EXPLORATIONS.name, "malformed"), ("validator", EXPLORATIONS.name, "invalid"),
+        ("learner", TASKS.name, "malformed"), ("learner", TASKS.name, "task_unloadable")}
+    problems = [f"no dead letter from {s} for {t} ({e})" for s, t, e in sorted(expected - letters)]
+    refused = {d["key"] for d in log["DeadLettered"] if d["error_type"] == "task_unloadable"}
+    if refused != {unloadable.encode()}:
+        problems.append(f"the learner refused {sorted(refused)}, expected only {unloadable}")
     return problems
 
 
@@ -147,9 +187,9 @@ def _archived(workdir: Path, sql: str, run_id: str) -> list[tuple]:
         client.close()
 
 
-def _verdicts(workdir: Path, summary: dict, log: dict, run_id: str) -> list[str]:
-    """One verdict per task id on coevolve.tasks and in the archive; no validated task left out of the
-    pool of a step that began after it was published."""
+def _verdicts(workdir: Path, summary: dict, log: dict, run_id: str, unloadable: str) -> list[str]:
+    """One verdict per task id on coevolve.tasks and in the archive; no validated task but the unloadable
+    one left out of the pool of a step that began after it was published."""
     problems = []
     checked = [e for e in log["TaskChecked"] if e["source"] == "synthesized"]
     verdicts, ids = defaultdict(set), defaultdict(set)
@@ -171,7 +211,7 @@ def _verdicts(workdir: Path, summary: dict, log: dict, run_id: str) -> list[str]
     began = last["produced_at"] - timedelta(seconds=last["duration_seconds"])  # decoded as datetimes
     checkpoint = latest_checkpoint(workdir / "runs" / run_id / "learner")
     pool = {s["task"]["task_id"] for s in checkpoint.sampler["synthesized"]} if checkpoint else set()
-    lost = sorted(t for t in validated if final[t]["produced_at"] < began - MARGIN and t not in pool)
+    lost = sorted(t for t in validated - {unloadable} if final[t]["produced_at"] < began - MARGIN and t not in pool)
     if lost:
         problems.append(f"validated tasks missing from the learner's last pool: {lost}")
     return problems

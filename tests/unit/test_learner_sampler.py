@@ -122,3 +122,41 @@ def test_state_round_trip_continues_the_same_draws():
 def test_bad_sampler_settings_fail_with_a_message(kwargs):
     with pytest.raises(ConfigError):
         SamplerConfig(**kwargs)
+
+
+def test_the_feed_offers_verdicts_and_dead_letters_every_other_event_type():
+    import threading
+
+    from coevolve.services.kafka.consumer import Delivered
+    from coevolve.services.learner.sampler import TaskFeed
+
+    class Consumer:
+        dead_lettered, rejected, flushed, closed = 0, [], threading.Event(), []
+
+        def __init__(self):
+            self.deadletters = self
+            self.batches = [[Delivered("coevolve.tasks", 0, 0, b"k", "ExplorationRecorded", {"event_id": "e"}),
+                             Delivered("coevolve.tasks", 0, 1, b"syn-1", "TaskChecked", verdict("syn-1"))]]
+
+        def poll(self, timeout_s):
+            return self.batches.pop() if self.batches else []
+
+        def reject(self, item, error_type, reason):
+            self.dead_lettered += 1
+            self.rejected.append((item.offset, error_type, reason))
+
+        def flush(self):
+            self.flushed.set()
+
+        def close(self):
+            self.closed.append(True)
+
+    made = Consumer()
+    p = pool()
+    feed = TaskFeed(lambda: made, p, poll_s=0.01).start()
+    assert made.flushed.wait(5.0)
+    feed.stop()
+    assert made.rejected == [(0, "invalid", "ExplorationRecorded on coevolve.tasks: the learner takes only "
+                                            "TaskChecked events from it")]
+    assert feed.received == 1 and p.pending == 1 and feed.error is None
+    assert made.closed == [True, True]  # the consumer and its dead-letter producer
