@@ -193,6 +193,30 @@ def run(
 
 
 @app.command()
+def ablate(
+    preset: str = typer.Option("smoke", help="The preset every arm overlays (smoke, demo, paper, or a YAML file)."),
+    arms: str = typer.Option("zero-shot,static,random,coevolve", help="Comma-separated arms: zero-shot, static, "
+                             "random, coevolve, forgetting, boundary, rare, no-validation."),
+    seeds: int = typer.Option(2, help="Seeds per arm (0..N-1); the interval over seeds needs two or more."),
+    workdir: Path = typer.Option(Path(".coevolve-ablation"), help="Where each arm x seed runs "
+                                 "(<arm>/seed-<s>/) and ablation.json, ablation.md and ablation.png go."),
+    settings: Optional[list[str]] = typer.Option(None, "--set", help="Override one preset field for every arm: "
+                                                 "SECTION.FIELD=VALUE (repeatable)."),
+) -> None:
+    """Run the paper's ablation table: each arm x seed an ordinary run at equal budget; resumable."""
+    from coevolve.services.run.ablate import AblationFailed, run_ablation
+    from coevolve.services.runtime.config import ConfigError
+
+    try:
+        run_ablation(preset, [a.strip() for a in arms.split(",") if a.strip()], seeds, workdir, list(settings or []))
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    except AblationFailed as exc:
+        print(f"ablation stopped: {exc}", flush=True)
+        raise typer.Exit(1) from None
+
+
+@app.command()
 def check(
     workdir: Path = typer.Option(Path(".coevolve-check"), help="Where the check keeps its archive and report."),
     steps: int = typer.Option(12, help="Simulated training steps."),
@@ -458,7 +482,7 @@ JsonTokensOpt = typer.Option(None, help="New tokens per structured (JSON) answer
 def explorer(
     bootstrap: Optional[str] = BootstrapOpt, model: Optional[str] = ModelOpt,
     backend: Optional[str] = BackendOpt, base_url: Optional[str] = BaseUrlOpt,
-    strategy: Optional[str] = typer.Option(None, help="signal-guided (default) or random."),
+    strategy: Optional[str] = typer.Option(None, help="signal-guided (default), random or static."),
     signal_kinds: Optional[str] = typer.Option(None, help="Kinds explored, comma-separated "
                                                "(forgetting,boundary,rare)."),
     signals_per_step: Optional[int] = typer.Option(None, help="Clusters explored per period (4)."),
@@ -471,6 +495,8 @@ def explorer(
     calls_per_run: Optional[int] = typer.Option(None, help="S: most tool calls per run (8)."),
     fallback_tasks: Optional[int] = typer.Option(None, help="Seed tasks explored randomly when a period "
                                                  "explores no signal (0: off)."),
+    static_tasks: Optional[int] = typer.Option(None, help="static: seed tasks explored once at start (4)."),
+    run_id: Optional[str] = typer.Option(None, help="Run the static strategy's exploration is recorded under."),
     max_new_tokens: Optional[int] = MaxTokensOpt, json_max_new_tokens: Optional[int] = JsonTokensOpt,
     max_runs_per_period: Optional[int] = typer.Option(None, help="Most runs per period (0: no limit)."),
     max_tokens_per_period: Optional[int] = typer.Option(None, help="Most tokens per period (0: no limit)."),
@@ -485,12 +511,12 @@ def explorer(
     core = _load(ExplorerConfig, "explorer", dict(
         strategy=strategy, signal_kinds=signal_kinds, signals_per_step=signals_per_step, every_steps=every_steps,
         step_window_s=step_window, step_grace_s=step_grace, runs=runs, calls_per_run=calls_per_run,
-        fallback_tasks=fallback_tasks))
+        fallback_tasks=fallback_tasks, static_tasks=static_tasks))
     backend_cfg = _load(BackendConfig, "explorer", {"model": model, "backend": backend, "base_url": base_url})
     cfg = _load(ExplorerServiceConfig, "explorer", dict(
         kafka_bootstrap=_require(bootstrap), group_id=group_id, max_new_tokens=max_new_tokens,
         json_max_new_tokens=json_max_new_tokens, max_runs_per_period=max_runs_per_period, max_tokens_per_period=max_tokens_per_period,
-        idle_exit_seconds=idle_exit, metrics_port=metrics_port, metrics_host=metrics_host))
+        idle_exit_seconds=idle_exit, run_id=run_id, metrics_port=metrics_port, metrics_host=metrics_host))
     print(f"explorer committed {Explorer(cfg, core, backend_cfg).serve_until_signalled()} events", flush=True)
 
 

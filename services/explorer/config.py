@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from coevolve.services.runtime.config import ConfigError, doc
 
-STRATEGIES = ("signal-guided", "random")
+STRATEGIES = ("signal-guided", "random", "static")
 FALLBACK = "random-fallback"  # the strategy recorded for a period's fallback exploration
 KINDS = ("forgetting", "boundary", "rare")
 
@@ -19,8 +19,9 @@ KINDS = ("forgetting", "boundary", "rare")
 class ExplorerConfig:
     """What the explorer explores, how much, and how."""
 
-    strategy: str = doc("signal-guided", "signal-guided (reflect on each signal, then explore) or random "
-                                         "(random valid tool calls, no signal read): the paper's ablation.")
+    strategy: str = doc("signal-guided", "signal-guided (reflect on each signal, then explore), random (random "
+                                         "valid tool calls, no signal read) or static (static_tasks seed tasks "
+                                         "explored once at start, nothing after): the paper's ablations.")
     signal_kinds: str = doc("forgetting,boundary,rare", "Signal kinds explored, comma-separated; any subset "
                                                         "runs the paper's per-signal ablations.")
     signals_per_step: int = doc(4, "Signal clusters explored at each exploration point; the rest are "
@@ -37,6 +38,8 @@ class ExplorerConfig:
     calls_per_run: int = doc(8, "S: most tool calls in one exploration run.")
     random_seed: int = doc(0, "Seed of the random strategy; the same seed gives the same calls.")
     parse_attempts: int = doc(3, "Model answers tried per reflection before the signal is dead-lettered.")
+    static_tasks: int = doc(4, "static: seed train tasks explored by random valid calls once, when the service "
+                               "starts (recorded at step 0 as strategy static).")
     fallback_tasks: int = doc(0, "When a period's exploration finds no call that succeeds (no signal explored, "
                                  "or only failing calls), also explore this many seed train tasks by the "
                                  "random strategy, recorded as random-fallback (0: off).")
@@ -50,7 +53,7 @@ class ExplorerConfig:
         if unknown or not kinds:
             raise ConfigError(f"signal_kinds={self.signal_kinds!r} must name one or more of "
                               f"{', '.join(KINDS)}, comma-separated (unknown: {', '.join(unknown) or 'none given'})")
-        for name in ("signals_per_step", "every_steps", "runs", "calls_per_run", "parse_attempts"):
+        for name in ("signals_per_step", "every_steps", "runs", "calls_per_run", "parse_attempts", "static_tasks"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)} must be at least 1")
         if self.step_window_s <= 0:

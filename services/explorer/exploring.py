@@ -126,6 +126,8 @@ def explore_plan(plan: Plan, backend, config: ExplorerConfig, sampling: Sampling
     (nothing explored, or only failing calls), also `fallback_tasks` seed tasks by the random strategy
     (`random-fallback`), so the validator has something to build a task from."""
     out = Outcome()
+    if config.strategy == "static":  # explored once at start (`explore_static`), nothing during training
+        return out
     if config.strategy == "random" and plan.gathered:
         _random(plan, config, budget, task_ids, out, config.signals_per_step, "random")
     elif config.strategy != "random":
@@ -135,6 +137,14 @@ def explore_plan(plan: Plan, backend, config: ExplorerConfig, sampling: Sampling
         explored = len(out.records)
         _random(plan, config, budget, task_ids, out, config.fallback_tasks, FALLBACK)
         out.fell_back = len(out.records) > explored
+    return out
+
+
+def explore_static(plan: Plan, config: ExplorerConfig, budget: Budget, task_ids: list[str]) -> Outcome:
+    """The static strategy's one exploration: `static_tasks` seed tasks by random valid calls, chosen and
+    called alike on every start (the ids repeat, so a restarted explorer publishes nothing new)."""
+    out = Outcome()
+    _random(plan, config, budget, task_ids, out, config.static_tasks, "static")
     return out
 
 

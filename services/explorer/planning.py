@@ -139,7 +139,8 @@ class Plan:
     skipped: int
     ignored: int
     closed_by: str
-    """`step` (its StepCompleted arrived) or `window` (the time window ran out)."""
+    """`step` (its StepCompleted arrived), `window` (the time window ran out), or `start` (the static
+    strategy's one exploration when the explorer starts)."""
     gathered: int = 0
     """Signals gathered in the period (0: a step without signals, closed for the fallback)."""
 

@@ -18,7 +18,7 @@ from prometheus_client import Counter
 
 from coevolve.services.agent.config import BackendConfig, SamplingConfig
 from coevolve.services.explorer.config import ExplorerConfig
-from coevolve.services.explorer.exploring import Budget, Outcome, explore_plan
+from coevolve.services.explorer.exploring import Budget, Outcome, explore_plan, explore_static
 from coevolve.services.explorer.planning import Plan, SignalBuffer
 from coevolve.services.kafka.consumer import EventConsumer
 from coevolve.services.kafka.producer import EventProducer
@@ -40,6 +40,8 @@ class ExplorerServiceConfig:
     max_tokens_per_period: int = doc(0, "Most tokens (prompt and completion) per period (0: no limit).")
     max_seconds_per_period: float = doc(0.0, "Most wall time per period's exploration (0: no limit).")
     idle_exit_seconds: float = doc(0.0, "Stop after this long with nothing to read or explore; 0 runs until signalled.")
+    run_id: str = doc("static", "Run the static strategy's start exploration is recorded under (coevolve run "
+                                "sets it).")
     metrics_port: int = doc(-1, "Port of /healthz and /metrics; 0 picks one, -1 disables.")
     metrics_host: str = doc("127.0.0.1", "Address /healthz and /metrics listen on (0.0.0.0 in a pod).")
 
@@ -95,13 +97,15 @@ class Explorer(Service):
 
         cfg = self.cfg
         self.task_ids = [t.task_id for t in load_tasks(split="train")]
-        if self.core.strategy != "random":  # the random strategy reads no model
+        if self.core.strategy == "signal-guided":  # the random and static strategies read no model
             self.backend = make_backend(self.backend_cfg)
         self.producer = EventProducer(cfg.kafka_bootstrap, client_id="coevolve-explorer")
         self.consumer = EventConsumer(cfg.kafka_bootstrap, [SIGNALS.name, STEPS.name], group_id=cfg.group_id,
                                       service="explorer", deadletters=self.producer)
         self.log.info("explorer.started", bootstrap=cfg.kafka_bootstrap, strategy=self.core.strategy,
                       model=self.backend_cfg.model, backend=self.backend_cfg.backend)
+        if self.core.strategy == "static":
+            self._publish([self._explore(Plan(cfg.run_id, 0, 0, (), 0, 0, "start"))])
         self.last_event = time.monotonic()
 
     def step(self) -> None:
@@ -141,8 +145,11 @@ class Explorer(Service):
         self.m_skipped.labels("priority").inc(plan.skipped)
         self.m_skipped.labels("kind").inc(plan.ignored)
         model = self.backend_cfg.model if self.backend is not None else ""
-        out = explore_plan(plan, self.backend, self.core, self.sampling, self.budget, model, self.task_ids,
-                           json_sampling=self.json_sampling)
+        if plan.closed_by == "start":  # the static strategy's one exploration
+            out = explore_static(plan, self.core, self.budget, self.task_ids)
+        else:
+            out = explore_plan(plan, self.backend, self.core, self.sampling, self.budget, model, self.task_ids,
+                               json_sampling=self.json_sampling)
         self.m_skipped.labels("budget").inc(out.over_budget)
         self.m_runs.inc(out.runs)
         self.m_calls.inc(out.calls)

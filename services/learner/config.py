@@ -144,7 +144,8 @@ class LearnerConfig:
     workdir: Path = doc(Path(".coevolve/learner"), "Where checkpoints are kept.")
     run_id: str = doc("", "Run id stamped on every event; empty: run-<UTC time> (a resumed run keeps its own).")
     resume: bool = doc(False, "Continue the run in workdir from its latest checkpoint (fresh if there is none).")
-    steps: int = doc(10, "Training steps to complete (numbered 1..steps).")
+    steps: int = doc(10, "Training steps to complete (numbered 1..steps); 0 evaluates the starting policy "
+                         "once, as step 0, and trains nothing.")
     batch_tasks: int = doc(2, "Tasks per step (B).")
     group_size: int = doc(4, "Rollouts per task (K).")
     categories: str = doc("multi_turn_base", "Comma-separated BFCL categories of the seed pool.")
@@ -161,10 +162,10 @@ class LearnerConfig:
     metrics_host: str = doc("127.0.0.1", "Address /healthz and /metrics listen on (0.0.0.0 in a pod).")
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_tasks", "group_size", "checkpoint_every", "in_flight"):
+        for name in ("batch_tasks", "group_size", "checkpoint_every", "in_flight"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)} must be at least 1")
-        for name in ("seed_tasks", "eval_every", "eval_tasks", "max_resample", "keep_checkpoints"):
+        for name in ("steps", "seed_tasks", "eval_every", "eval_tasks", "max_resample", "keep_checkpoints"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 0")
         if self.eval_split not in ("test", "train", "all"):

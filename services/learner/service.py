@@ -149,9 +149,21 @@ class Learner(Service):
         self.log.info("learner.started", run_id=self.run_id, resumed_at=self.done, replayed=self.done - checkpointed,
                       model=self.backend_cfg.model, backend=self.backend_cfg.backend, pool=self.pool.size,
                       sampler=self.sampler_cfg.sampler)
+        if self.cfg.steps == 0:
+            self._evaluate_only()
         if self.done >= self.cfg.steps:
             self.stop()
         self.started = time.monotonic()
+
+    def _evaluate_only(self) -> None:
+        """steps = 0 (the zero-shot arm): evaluate the starting policy once, as step 0, and publish it."""
+        evaluation = evaluate(self.backend, self.backend_cfg, self.cfg, self.limits, self.sampling.max_new_tokens,
+                              self.run_id, 0)
+        self.producer.send(EVALUATIONS.name, evaluation, key=self.run_id)
+        self.producer.flush()
+        self.m_eval.set(evaluation["success_rate"])
+        self.log.info("learner.evaluated", step=0, success_rate=evaluation["success_rate"],
+                      mean_score=evaluation["mean_score"], tasks=evaluation["task_count"])
 
     def _pool(self) -> TaskPool:
         from coevolve.services.envs.bfcl_data import load_tasks

@@ -93,8 +93,10 @@ def make_children(s: Session) -> dict[str, Child]:
                 "archiver": ["archiver", *b, "--workdir", str(w)],
                 "validator": ["validator", *b], "explorer": ["explorer", *b], "learner": _learner_args(s)}
     shared = set(s.plan.run.sharing) if s.policy else set()
-    children = {name: Child(name, args, s.plan.env(name, **({"model": s.policy} if name in shared else {})),
-                            s.logs / f"{name}.log") for name, args in commands.items()}
+    extra = {name: {"model": s.policy} if name in shared else {} for name in commands}
+    extra["explorer"]["run_id"] = s.run_id  # the static strategy records its start exploration under it
+    children = {name: Child(name, args, s.plan.env(name, **extra[name]), s.logs / f"{name}.log")
+                for name, args in commands.items()}
     # Exit code 0 is the learner's last step; started again, it continues from its last checkpoint.
     children["learner"].finishes, children["learner"].rerun_args = True, ["--resume"]
     return children

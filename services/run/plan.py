@@ -47,7 +47,8 @@ MANAGED = {"kafka_bootstrap", "metrics_port", "metrics_host", "workdir", "datadi
 class RunSettings:
     """The orchestrator's own settings (the preset's `run` section)."""
 
-    steps: int = doc(3, "Learner steps; also the learner's `steps`.")
+    steps: int = doc(3, "Learner steps; also the learner's `steps` (0: evaluate the starting policy, no "
+                        "training: the zero-shot arm).")
     start_timeout_s: float = doc(300.0, "Longest wait for every service to report healthy.")
     drain_timeout_s: float = doc(300.0, "After the last step, longest wait for the signal worker, explorer and "
                                         "validator to finish what the run produced.")
@@ -71,8 +72,8 @@ class RunSettings:
         return tuple(n.strip() for n in self.shared_policy.split(",") if n.strip())
 
     def __post_init__(self) -> None:
-        if self.steps < 1:
-            raise ConfigError(f"run.steps={self.steps} must be at least 1")
+        if self.steps < 0:
+            raise ConfigError(f"run.steps={self.steps} must be 0 (evaluate only) or more")
         unknown = set(self.sharing) - set(SHARABLE)
         if unknown:
             raise ConfigError(f"run.shared_policy names {', '.join(sorted(unknown))}; only "

@@ -10,6 +10,7 @@ from tests.faults.scenario import FAULTS, run
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
+@pytest.mark.timeout(1800)  # a smoke run with four restarts, on a loaded machine
 def test_a_run_whose_services_are_each_killed_once_loses_and_doubles_nothing(tmp_path):
     with EmbeddedBroker() as broker:
         outcome = run(tmp_path, broker.bootstrap, "faults-e2e")

@@ -134,3 +134,12 @@ def test_resume_without_a_checkpoint_starts_fresh_and_a_finished_run_stops_at_on
     again.run()
     assert again.done == 1 and again.run_id == first.run_id
     assert [s["step"] for s in read(bootstrap, [STEPS.name])] == [1]
+
+
+def test_zero_steps_evaluate_the_starting_policy_once_and_train_nothing(bootstrap, tmp_path):
+    service = learner(bootstrap, tmp_path, steps=0, eval_tasks=1, run_id="zero-shot")
+    service.run()
+    assert service.done == 0 and latest_checkpoint(tmp_path) is None
+    (evaluation,) = read(bootstrap, [EVALUATIONS.name])
+    assert (evaluation["step"], evaluation["task_count"], evaluation["policy_version"]) == (0, 1, 0)
+    assert read(bootstrap, [STEPS.name, TRAJECTORIES.name]) == []

@@ -18,7 +18,7 @@ ALL = list(_commands(get_command(app)))
 
 
 def test_the_expected_commands_exist():
-    assert {("broker",), ("topics", "create"), ("simulate",), ("run",), ("check",)} <= set(ALL)
+    assert {("broker",), ("topics", "create"), ("simulate",), ("run",), ("ablate",), ("check",)} <= set(ALL)
 
 
 @pytest.mark.parametrize("path", ALL, ids=" ".join)

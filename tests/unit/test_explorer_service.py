@@ -4,8 +4,8 @@ import json
 
 from coevolve.services.agent.config import EpisodeLimits, SamplingConfig
 from coevolve.services.explorer.config import ExplorerConfig
-from coevolve.services.explorer.exploring import Budget, explore_plan
-from coevolve.services.explorer.planning import (SignalBuffer, exploration_id, pick_random_tasks,
+from coevolve.services.explorer.exploring import Budget, explore_plan, explore_static
+from coevolve.services.explorer.planning import (Plan, SignalBuffer, exploration_id, pick_random_tasks,
                                                  random_source_id)
 from coevolve.services.explorer.service import ExplorerServiceConfig
 from coevolve.services.runtime.config import ConfigError
@@ -91,6 +91,19 @@ def test_the_random_strategy_reads_no_model_and_repeats_its_ids():
         assert record["strategy"] == "random" and record["signal_id"] is None and record["context"] == ""
         assert record["task_id"] in tasks and 1 <= len(record["tuples"]) <= 3
         assert record["event_id"] == exploration_id(random_source_id("r1", 4, record["task_id"]), record["round"])
+
+
+def test_the_static_strategy_explores_its_tasks_once_at_start_and_nothing_during_training():
+    config = ExplorerConfig(strategy="static", static_tasks=2, runs=2, calls_per_run=3, fallback_tasks=1)
+    tasks = ["multi_turn_base_3", "multi_turn_base_5", "multi_turn_base_7"]
+    start = Plan("r1", 0, 0, (), 0, 0, "start")
+    first = explore_static(start, config, Budget(), tasks)
+    again = explore_static(start, config, Budget(), tasks)  # a restarted explorer sends the same ids
+    assert len(first.records) == 4 and len({r["task_id"] for r in first.records}) == 2
+    assert [(r["event_id"], r["tuples"]) for r in first.records] == [(r["event_id"], r["tuples"]) for r in again.records]
+    assert {(r["strategy"], r["step"], r["run_id"]) for r in first.records} == {("static", 0, "r1")}
+    during = explore_plan(_plan(config, boundary_signal("s1")), None, config, SAMPLING, Budget(), "", tasks, LIMITS)
+    assert during.records == [] and not during.fell_back  # no signal, and no fallback, is explored
 
 
 def test_a_period_with_no_signal_explored_falls_back_to_seeded_random_tasks_apart_from_guided_ones():

@@ -86,7 +86,7 @@ def test_the_learner_refuses_an_http_backend(tmp_path):
                 BackendConfig(backend="openai", base_url="http://127.0.0.1:1/v1"))
 
 
-@pytest.mark.parametrize("kwargs", [dict(steps=0), dict(batch_tasks=0), dict(group_size=0), dict(eval_every=-1),
+@pytest.mark.parametrize("kwargs", [dict(steps=-1), dict(batch_tasks=0), dict(group_size=0), dict(eval_every=-1),
                                     dict(eval_split="dev"), dict(categories=" , "), dict(keep_checkpoints=-1)])
 def test_bad_learner_settings_fail_with_a_message(kwargs):
     with pytest.raises(ConfigError):

@@ -45,6 +45,7 @@ def test_the_processes_sharing_the_policy_get_the_learners_starting_model(tmp_pa
     children = make_children(s)
     assert children["validator"].env["VALIDATOR_MODEL"] == "tiny-random"
     assert "EXPLORER_MODEL" not in children["explorer"].env
+    assert children["explorer"].env["EXPLORER_RUN_ID"] == s.run_id  # the static strategy's records carry it
 
 
 def test_a_policy_that_cannot_be_prepared_fails_the_run_with_its_log(tmp_path):

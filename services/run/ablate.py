@@ -1,0 +1,258 @@
+"""`coevolve ablate`: the paper's ablation table for one preset, as ordinary runs.
+
+Each arm is an overlay on the preset (`arms/<arm>.yaml`: preset sections whose fields the arm changes)
+and each arm x seed is one `coevolve run` in `<workdir>/<arm>/seed-<s>/`, with its own broker, archive,
+summary and report. The budget (steps, B, K, evaluation tasks, evaluation cadence and split) is the
+preset's for every arm, and an arm file may not change it; only `zero-shot` sets `run.steps: 0` (its
+policy is evaluated, not trained). Seeds set every seed of the run (`learner.seed`, the explorer's and
+validator's engines, the random strategy's calls).
+
+A cell whose summary.json says `completed` is not run again, so an interrupted ablation resumes where
+it stopped. At the end `ablation.json` holds every run and each arm's mean and 95% interval over seeds
+(Student's t) of the last held-out evaluation, and `ablation.md` the table with the plot
+`ablation.png` (held-out score per step per arm).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from coevolve.services.run.children import coevolve_command
+from coevolve.services.run.plan import _read, make_plan
+from coevolve.services.runtime.config import ConfigError, load
+
+ARMS = Path(__file__).resolve().parent / "arms"
+BUDGET = ("run.steps", "learner.batch_tasks", "learner.group_size", "learner.eval_tasks", "learner.eval_every",
+          "learner.eval_split")
+SEEDS = ("learner.seed", "explorer.seed", "explorer.random_seed", "validator.seed")
+# Student's t at 97.5% for 1..10 degrees of freedom; 1.96 beyond.
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+
+
+class AblationFailed(RuntimeError):
+    """A cell's run did not complete; the message names its logs."""
+
+
+def arm_names() -> list[str]:
+    return sorted(p.stem for p in ARMS.glob("*.yaml"))
+
+
+def arm_overrides(arm: str) -> list[str]:
+    """The arm's overlay as `--set` overrides; refused when it changes the budget."""
+    if arm not in arm_names():
+        raise ConfigError(f"unknown arm {arm!r}; the arms are {', '.join(arm_names())}")
+    _, data = _read(str(ARMS / f"{arm}.yaml"))
+    flat = {f"{section}.{key}": value for section, values in data.items() for key, value in values.items()}
+    changed = sorted(k for k in flat if k in BUDGET and not (arm == "zero-shot" and k == "run.steps"))
+    if changed:
+        raise ConfigError(f"arm {arm!r} changes the budget ({', '.join(changed)}); arms run at equal budget")
+    return [f"{key}={json.dumps(value)}" for key, value in flat.items()]
+
+
+def seed_overrides(seed: int) -> list[str]:
+    return [f"{key}={seed}" for key in SEEDS]
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One arm x seed: an ordinary run in its own workdir."""
+
+    arm: str
+    seed: int
+    workdir: Path
+
+    @property
+    def summary_path(self) -> Path:
+        return self.workdir / "summary.json"
+
+    def finished(self) -> bool:
+        try:
+            return json.loads(self.summary_path.read_text()).get("state") == "completed"
+        except (OSError, ValueError):
+            return False
+
+
+def budget(preset: str, sets: list[str]) -> dict[str, Any]:
+    """The budget every arm shares: the preset's, with the user's overrides and the learner's defaults."""
+    from coevolve.services.learner.config import LearnerConfig
+
+    plan = make_plan(preset, sets)
+    learner = load(LearnerConfig, "learner", environ=plan.env("learner"))
+    return {"steps": plan.run.steps, **{key.split(".")[1]: getattr(learner, key.split(".")[1]) for key in BUDGET[1:]}}
+
+
+def plan_cells(preset: str, arms: list[str], seeds: int, root: Path, sets: list[str]) -> list[Cell]:
+    """Every arm x seed, each checked as `coevolve run` would check it before anything starts."""
+    if seeds < 1:
+        raise ConfigError(f"--seeds {seeds} must be at least 1")
+    cells = []
+    for arm in arms:
+        for seed in range(seeds):
+            make_plan(preset, [*sets, *arm_overrides(arm), *seed_overrides(seed)])
+            cells.append(Cell(arm, seed, root / arm / f"seed-{seed}"))
+    return cells
+
+
+def run_cell(cell: Cell, preset: str, sets: list[str]) -> int:
+    """`coevolve run` for one cell, its lines on the terminal under the cell's name; its exit code."""
+    overrides = [*sets, *arm_overrides(cell.arm), *seed_overrides(cell.seed)]
+    cmd = [coevolve_command(), "run", "--preset", preset, "--workdir", str(cell.workdir),
+           *(a for o in overrides for a in ("--set", o))]
+    if cell.workdir.exists():
+        cmd.append("--resume")  # an interrupted cell continues its run
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1) as child:
+        for line in child.stdout:
+            print(f"[{cell.arm} seed {cell.seed}] {line}", end="", flush=True)
+    return child.returncode
+
+
+def _last(values: dict) -> Any:
+    """The value of the highest step in a summary's per-step map (JSON keys are strings)."""
+    return values[max(values, key=int)] if values else None
+
+
+def collect(cell: Cell) -> dict[str, Any]:
+    """One run's row of the table, from its summary.json."""
+    summary = json.loads(cell.summary_path.read_text())
+    final = max(summary["evaluations"], key=lambda e: e["step"], default=None)
+    return {"seed": cell.seed, "run_id": summary["run_id"], "workdir": str(cell.workdir),
+            "eval_success": final and final["success_rate"], "eval_score": final and final["mean_score"],
+            "train_reward_last": _last(summary["train_reward"]), "tasks_validated": summary["tasks_validated"],
+            "signals": summary["signals"], "wall_seconds": round(sum(summary["wall_seconds"].values()), 1),
+            "evaluations": {e["step"]: e["mean_score"] for e in summary["evaluations"]}}
+
+
+def mean_ci95(values: list[float]) -> tuple[float | None, list[float] | None]:
+    """Mean and Student-t 95% interval; no interval from one value."""
+    if not values:
+        return None, None
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, None
+    sd = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+    t = T975[len(values) - 2] if len(values) - 1 <= len(T975) else 1.96
+    half = t * sd / len(values) ** 0.5
+    return mean, [mean - half, mean + half]
+
+
+def aggregate(preset: str, budget_: dict, rows: dict[str, list[dict]]) -> dict[str, Any]:
+    """The ablation.json document."""
+    arms = []
+    for arm, runs in rows.items():
+        entry: dict[str, Any] = {"arm": arm, "runs": runs}
+        for key in ("eval_success", "eval_score"):
+            mean, ci = mean_ci95([r[key] for r in runs if r[key] is not None])
+            entry[f"{key}_mean"], entry[f"{key}_ci95"] = mean, ci
+        arms.append(entry)
+    return {"preset": preset, "budget": budget_, "arms": arms}
+
+
+def _fmt(mean: float | None, ci: list[float] | None) -> str:
+    if mean is None:
+        return "n/a"
+    return f"{mean:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else f"{mean:.3f}"
+
+
+def _avg(values: list) -> str:
+    values = [v for v in values if v is not None]
+    return f"{sum(values) / len(values):.3g}" if values else "n/a"
+
+
+def separability(doc: dict[str, Any]) -> list[str]:
+    """For each arm against coevolve (or the first arm): are the held-out intervals apart?"""
+    arms = {a["arm"]: a for a in doc["arms"]}
+    base = arms.get("coevolve") or doc["arms"][0]
+    lines = []
+    for arm in doc["arms"]:
+        if arm is base:
+            continue
+        a, b = arm["eval_score_ci95"], base["eval_score_ci95"]
+        if a is None or b is None:
+            verdict = "one seed: no interval, not separable"
+        elif a[1] < b[0] or b[1] < a[0]:
+            verdict = "separable (the 95% intervals do not overlap)"
+        else:
+            verdict = "not separable at this budget (the 95% intervals overlap)"
+        lines.append(f"- {arm['arm']} vs {base['arm']}: {verdict}")
+    return lines
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    """The table as the paper lays it out: one row per arm, held-out score first."""
+    b = doc["budget"]
+    seeds = max((len(a["runs"]) for a in doc["arms"]), default=0)
+    head = [f"# Ablation: preset `{doc['preset']}`", "",
+            f"Equal budget: {b['steps']} steps of B = {b['batch_tasks']} tasks x K = {b['group_size']} rollouts; "
+            f"held-out evaluation on {b['eval_tasks'] or 'all'} `{b['eval_split']}` tasks; {seeds} seed(s) per arm. "
+            "Held-out columns: mean over seeds [95% interval, Student's t].", "",
+            "| arm | held-out success | held-out score | train reward (last step) | tasks validated | "
+            "signals (f/b/r) | wall time (s) |", "|---|---|---|---|---|---|---|"]
+    rows = []
+    for arm in doc["arms"]:
+        runs = arm["runs"]
+        signals = "/".join(_avg([r["signals"].get(k) for r in runs]) for k in ("forgetting", "boundary", "rare"))
+        rows.append(f"| {arm['arm']} | {_fmt(arm['eval_success_mean'], arm['eval_success_ci95'])} | "
+                    f"{_fmt(arm['eval_score_mean'], arm['eval_score_ci95'])} | "
+                    f"{_avg([r['train_reward_last'] for r in runs])} | {_avg([r['tasks_validated'] for r in runs])} | "
+                    f"{signals} | {_avg([r['wall_seconds'] for r in runs])} |")
+    return "\n".join([*head, *rows, "", "Separability of the held-out score:", *separability(doc), "",
+                      "![held-out score per step](ablation.png)", ""])
+
+
+def plot(doc: dict[str, Any], path: Path) -> None:
+    """Held-out score per step, mean over seeds, one line per arm; a tick at each evaluated step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    evaluated: set[int] = set()
+    for arm in doc["arms"]:
+        by_step: dict[int, list[float]] = {}
+        for run in arm["runs"]:
+            for step, score in run["evaluations"].items():
+                by_step.setdefault(int(step), []).append(score)
+        steps = sorted(by_step)
+        evaluated.update(steps)
+        ax.plot(steps, [sum(by_step[s]) / len(by_step[s]) for s in steps], marker="o", label=arm["arm"])
+    ax.set_xticks(sorted(evaluated))
+    ax.set_xlim(min(evaluated, default=0) - 0.5, max(evaluated, default=0) + 0.5)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set(xlabel="step", ylabel="held-out score (mean over seeds)", title=f"Ablation, preset {doc['preset']}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_ablation(preset: str, arms: list[str], seeds: int, root: Path, sets: list[str]) -> dict[str, Any]:
+    """Run every cell not finished before, then write ablation.json, ablation.md and ablation.png."""
+    cells = plan_cells(preset, arms, seeds, root, sets)
+    shared = budget(preset, sets)
+    started = time.monotonic()
+    for number, cell in enumerate(cells, 1):
+        if cell.finished():
+            print(f"[{cell.arm} seed {cell.seed}] finished before ({cell.summary_path}); not run again", flush=True)
+            continue
+        print(f"== {number}/{len(cells)}: arm {cell.arm}, seed {cell.seed}, in {cell.workdir}", flush=True)
+        code = run_cell(cell, preset, sets)
+        if code != 0 or not cell.finished():
+            raise AblationFailed(f"arm {cell.arm}, seed {cell.seed} did not complete (exit {code}); its logs are in "
+                                 f"{cell.workdir / 'logs'}. Run the same command again to resume: finished "
+                                 "cells are kept.")
+    doc = aggregate(preset, shared, {arm: [collect(c) for c in cells if c.arm == arm] for arm in arms})
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "ablation.json").write_text(json.dumps(doc, indent=2) + "\n")
+    table = markdown(doc)
+    (root / "ablation.md").write_text(table)
+    plot(doc, root / "ablation.png")
+    print(table, flush=True)
+    print(f"ablation: {len(cells)} runs in {time.monotonic() - started:.0f} s; {root / 'ablation.json'}, "
+          f"{root / 'ablation.md'}", flush=True)
+    return doc
