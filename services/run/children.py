@@ -115,11 +115,15 @@ class Child:
 
 
 def wait_healthy(children: list[Child], timeout_s: float) -> None:
-    """Block until every child answers /healthz; raise ChildFailed when one exits or the time runs out."""
+    """Block until every child answers /healthz (or, one that `finishes`, has finished with code 0); raise
+    ChildFailed when one exits otherwise or the time runs out."""
     deadline = time.monotonic() + timeout_s
     waiting = list(children)
     while waiting:
         for child in list(waiting):
+            if child.exit_code == 0 and child.finishes:  # a learner with nothing to train (steps = 0)
+                waiting.remove(child)
+                continue
             if child.exit_code is not None:
                 raise child.failure()
             state = child.health()

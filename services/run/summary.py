@@ -52,8 +52,13 @@ def silent_reasons(tally: Tally, th: Thresholds) -> dict[str, str]:
 
 
 def untrained_reason(tally: Tally) -> str | None:
-    """When no step took a GRPO update, why: a group whose K rewards are all equal has advantages 0."""
-    if not tally.steps or any(s.get("loss") is not None for s in tally.steps.values()):
+    """When no step took a GRPO update, why: a group whose K rewards are all equal has advantages 0, and a
+    run of 0 steps evaluates only."""
+    if not tally.steps:
+        if any(e.get("step") == 0 for e in tally.evaluations):
+            return "no training step: run.steps = 0 evaluates the starting policy only (the zero-shot arm)"
+        return None
+    if any(s.get("loss") is not None for s in tally.steps.values()):
         return None
     return f"no step took a GRPO update (a group that scores all alike has advantages 0): {_alike(tally)}"
 

@@ -82,3 +82,11 @@ def test_a_run_without_a_grpo_update_says_its_groups_scored_alike():
     assert "2 of 2 groups scored all alike" in reason and "0.500" in reason
     tally.add("StepCompleted", {"event_id": "s2", "run_id": "r1", "step": 2, "loss": -0.1})
     assert untrained_reason(tally) is None
+
+
+def test_a_run_of_zero_steps_says_it_only_evaluated():
+    tally = Tally(run_id="r1")
+    assert untrained_reason(tally) is None  # nothing yet: stopped before its first step
+    tally.add("EvaluationCompleted", {"event_id": "e0", "run_id": "r1", "step": 0, "success_rate": 0.0})
+    assert untrained_reason(tally) == ("no training step: run.steps = 0 evaluates the starting policy only "
+                                       "(the zero-shot arm)")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from coevolve.services.run.children import ChildFailed
+from coevolve.services.run.children import Child, ChildFailed
 from coevolve.services.run.plan import make_plan
 from coevolve.services.run.supervise import RestartPolicy, Supervisor, Watch, alive, backoff, observe
 
@@ -205,10 +205,22 @@ def test_the_policy_and_allowances_come_from_the_run_settings():
 
 
 def test_the_last_log_line_skips_what_a_progress_bar_leaves_behind(tmp_path):
-    from coevolve.services.run.children import Child
-
     log = tmp_path / "streams.log"
     log.write_text('{"event": "streams.batch", "n": 3}\n\x1b[2K\r 40%|████ | 4/10\n\b\x1b[?25h\n╰──────╯\n')
     assert Child("streams", [], {}, log).last_line() == "40%|████ | 4/10"
     log.write_text('{"event": "streams.batch", "n": 3}\n\b\x1b[?25h\n')
     assert Child("streams", [], {}, log).last_line() == '{"event": "streams.batch", "n": 3}'
+
+
+def test_start_up_waits_for_nothing_from_a_learner_that_finished_and_fails_on_any_other_exit(tmp_path):
+    import time
+
+    from coevolve.services.run.children import wait_healthy
+
+    done = Child("learner", [], {}, tmp_path / "learner.log", program=["true"], finishes=True).start()
+    while done.exit_code is None:
+        time.sleep(0.05)
+    wait_healthy([done], timeout_s=5.0)  # steps = 0: it evaluated and exited before the first probe
+    quit_early = Child("explorer", [], {}, tmp_path / "explorer.log", program=["true"]).start()
+    with pytest.raises(ChildFailed, match="explorer exited with code 0"):
+        wait_healthy([quit_early], timeout_s=5.0)
