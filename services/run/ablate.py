@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,13 +97,18 @@ def plan_cells(preset: str, arms: list[str], seeds: int, root: Path, sets: list[
     return cells
 
 
-def run_cell(cell: Cell, preset: str, sets: list[str]) -> int:
-    """`coevolve run` for one cell, its lines on the terminal under the cell's name; its exit code."""
+def run_command(cell: Cell, preset: str, sets: list[str]) -> list[str]:
+    """The cell's `coevolve run`: the user's overrides, then the arm's, then the seed's; `--resume` where a
+    run was started in its workdir before (an interrupted cell continues it)."""
     overrides = [*sets, *arm_overrides(cell.arm), *seed_overrides(cell.seed)]
     cmd = [coevolve_command(), "run", "--preset", preset, "--workdir", str(cell.workdir),
            *(a for o in overrides for a in ("--set", o))]
-    if cell.workdir.exists():
-        cmd.append("--resume")  # an interrupted cell continues its run
+    return cmd + ["--resume"] if (cell.workdir / "run.json").is_file() else cmd
+
+
+def run_cell(cell: Cell, preset: str, sets: list[str]) -> int:
+    """`coevolve run` for one cell, its lines on the terminal under the cell's name; its exit code."""
+    cmd = run_command(cell, preset, sets)
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1) as child:
         for line in child.stdout:
             print(f"[{cell.arm} seed {cell.seed}] {line}", end="", flush=True)

@@ -29,6 +29,18 @@ def test_each_arm_and_seed_plans_as_an_ordinary_run_at_the_presets_budget(tmp_pa
                                         "validator.seed=1"]
 
 
+def test_a_cell_runs_the_arm_over_the_users_settings_and_resumes_only_a_started_run(tmp_path):
+    cell = ablate.Cell("zero-shot", 1, tmp_path / "zero-shot" / "seed-1")
+    cmd = ablate.run_command(cell, "smoke", ["run.steps=5"])
+    assert cmd[1:6] == ["run", "--preset", "smoke", "--workdir", str(cell.workdir)]
+    sets = cmd[7::2]
+    assert sets == ["run.steps=5", "run.steps=0", *ablate.seed_overrides(1)]  # the arm's comes after the user's
+    cell.workdir.mkdir(parents=True)  # a run that failed before it recorded itself: nothing to resume
+    assert "--resume" not in ablate.run_command(cell, "smoke", [])
+    (cell.workdir / "run.json").write_text('{"run_id": "r"}')
+    assert ablate.run_command(cell, "smoke", [])[-1] == "--resume"
+
+
 def test_unknown_arms_and_no_seeds_are_refused_with_the_choices():
     with pytest.raises(ConfigError, match="unknown arm 'curriculum'; the arms are boundary, coevolve"):
         ablate.plan_cells("smoke", ["curriculum"], 1, None, [])
