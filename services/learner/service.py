@@ -256,10 +256,10 @@ class Learner(Service):
         try:
             result = self.runner.run(step, blocked)
         except EpisodesStopped as stopped:  # nothing of this step was journaled or published; a resume redoes it
-            self._report_unloadable()
             self.log.info("learner.step_abandoned", step=step, reason=str(stopped))
             return
-        self._report_unloadable()
+        finally:
+            self._report_unloadable()  # tasks the step's draws dropped
         evaluation = None
         if due(self.cfg, step):
             evaluation = evaluate(self.backend, self.backend_cfg, self.cfg, self.limits,
