@@ -24,7 +24,8 @@ def sample_events() -> dict[str, dict]:
             "event_id": eid(), "run_id": "r1", "step": 3, "trajectory_count": 64, "policy_version": 3,
             "train_reward": 0.41, "eval_score": None, "loss": 0.12, "duration_seconds": 7.5,
             "pool_size": 120, "pool_synthesized": 7, "zero_variance_groups": 5, "resampled_groups": 2,
-            "tokens_trained": 9000, "rollout_seconds": 4.0, "scoring_seconds": 0.1, "training_seconds": 3.0,
+            "tokens_trained": 9000, "synthesized_trained": 4, "synthesized_tasks_trained": 1,
+            "rollout_seconds": 4.0, "scoring_seconds": 0.1, "training_seconds": 3.0,
             "push_seconds": 0.3, "publish_seconds": 0.05, "blocked_seconds": 0.001, "produced_at": NOW,
         },
         "SignalRaised": {

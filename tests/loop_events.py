@@ -23,6 +23,7 @@ def _step(run: str, step: int) -> dict:
             "policy_version": step, "train_reward": 0.1 * step, "eval_score": None, "loss": 0.5,
             "duration_seconds": DURATION, "pool_size": 100 + 2 * (step - 1), "pool_synthesized": 2 * (step - 1),
             "zero_variance_groups": step % 3, "resampled_groups": 0, "tokens_trained": 1000 * step,
+            "synthesized_trained": 4 * (step - 1), "synthesized_tasks_trained": step - 1,
             **{f"{phase}_seconds": s for phase, s in PHASES.items()}, "blocked_seconds": blocked,
             "produced_at": NOW + step}
 

@@ -33,13 +33,14 @@ def evaluation_curve(client, db: str, p: dict) -> View:
 
 
 def pool_per_step(client, db: str, p: dict) -> View:
-    """The sampler's pool each step, the synthesized share, and the groups that gave no gradient."""
-    view = View("pool", "Task pool per step: size and synthesized share",
-                ["run_id", "step", "pool_size", "synthesized", "synthesized_share", "zero_variance_groups",
-                 "resampled_groups", "tokens_trained"])
+    """The sampler's pool each step, the synthesized share, the synthesized rollouts the update trained on,
+    and the groups that gave no gradient."""
+    view = View("pool", "Task pool per step: size, synthesized share, synthesized rollouts trained on",
+                ["run_id", "step", "pool_size", "synthesized", "synthesized_share", "synthesized_trained",
+                 "zero_variance_groups", "resampled_groups", "tokens_trained"])
     view.rows = query_rows(client, f"""SELECT run_id, step, any(pool_size), any(pool_synthesized),
-            any(pool_synthesized) / nullIf(any(pool_size), 0), any(zero_variance_groups), any(resampled_groups),
-            any(tokens_trained)
+            any(pool_synthesized) / nullIf(any(pool_size), 0), any(synthesized_trained), any(zero_variance_groups),
+            any(resampled_groups), any(tokens_trained)
         FROM {db}.steps FINAL WHERE run_id IN {{runs:Array(String)}} AND pool_size IS NOT NULL
         GROUP BY run_id, step ORDER BY run_id, step""", p)
     if not view.rows:

@@ -62,7 +62,7 @@ def evaluation_plot(view, out: Path) -> Path:
 
 
 def pool_plot(view, out: Path) -> Path:
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(15, 4.2))
     for (run,), (xs, ys) in sorted(_series(view.rows, (0,), 1, 2).items()):
         line, = a1.plot(xs, ys, marker="o", ms=3, label=f"{run}: pool")
         _, synth = _series([r for r in view.rows if r[0] == run], (0,), 1, 3)[(run,)]
@@ -73,6 +73,12 @@ def pool_plot(view, out: Path) -> Path:
         a2.plot(xs, ys, marker="o", ms=3, label=run)
     a2.set(xlabel="training step", ylabel="synthesized / pool", title="Synthesized share of the pool", ylim=(0, 1.05))
     a2.legend(fontsize=8)
+    runs = sorted(_series(view.rows, (0,), 1, 5).items())
+    width = 0.8 / max(len(runs), 1)
+    for i, ((run,), (xs, ys)) in enumerate(runs):
+        a3.bar([x + (i - (len(runs) - 1) / 2) * width for x in xs], [y or 0 for y in ys], width, label=run)
+    a3.set(xlabel="training step", ylabel="rollouts", title="Synthesized rollouts trained on")
+    a3.legend(fontsize=8)
     return _save(fig, out / "task_pool.png")
 
 

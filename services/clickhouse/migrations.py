@@ -93,9 +93,17 @@ V2 = [
     ) ENGINE = ReplacingMergeTree(log_rank) ORDER BY (run_id, step, split, event_id)""",
 ]
 
+# What each step's update took from the loop's own tasks.
+V3 = [
+    """ALTER TABLE {db}.steps
+        ADD COLUMN IF NOT EXISTS synthesized_trained Nullable(Int32) AFTER tokens_trained,
+        ADD COLUMN IF NOT EXISTS synthesized_tasks_trained Nullable(Int32) AFTER synthesized_trained""",
+]
+
 MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (1, "event tables, actions exploded", V1),
     (2, "step pool and timing, exploration strategy, task stages, evaluations", V2),
+    (3, "synthesized rollouts and tasks each step trained on", V3),
 ]
 
 

@@ -125,6 +125,9 @@ class SamplerConfig:
     recency_half_life: float = doc(0.0, "Halve a synthesized task's sampling weight every this many steps "
                                    "after it joined; 0 keeps every task's weight equal.")
     static_wait_s: float = doc(0.0, "static: seconds to read coevolve.tasks before training starts.")
+    fresh_first: bool = doc(False, "A synthesized task never drawn takes a batch slot before the mixing draws "
+                                   "the rest (oldest first, at most B a step): each validated task is trained on "
+                                   "at the first step after it joins.")
 
     def __post_init__(self) -> None:
         if self.sampler not in SAMPLERS:

@@ -11,8 +11,10 @@ Mixing. The paper adds validated tasks to the training distribution and samples 
 (`synthetic_share = -1`) does that, drawing uniformly over the whole pool, so synthesized tasks get a
 share proportional to their number. A share in [0, 1] instead draws each batch slot from the
 synthesized tasks with that probability (when there are any). `recency_half_life` halves a
-synthesized task's weight every so many steps after it joined. Seed tasks are the fixed training split:
-verdicts never remove them. A batch holds distinct tasks while the pool has enough of them.
+synthesized task's weight every so many steps after it joined. With `fresh_first`, synthesized tasks never
+drawn take the first slots of a batch (oldest first) and the mixing fills the rest, so a task the loop
+made for a weakness is trained on at the next step. Seed tasks are the fixed training split: verdicts
+never remove them. A batch holds distinct tasks while the pool has enough of them.
 
 Unloadable tasks. A validated task whose episode cannot start (BFCL's `InvalidTask`: an unknown tool
 class, an initial state its backend cannot load, no turns) would end the learner at `env.reset` in
@@ -92,6 +94,7 @@ class TaskPool:
         self.check = check
         self.loadable: set[str] = set()  # ids whose current task passed `check`
         self.dropped_seeds: set[str] = set()
+        self.drawn: set[str] = set()  # synthesized task ids drawn at least once (fresh_first)
         self._unloadable: list[Unloadable] = []
         self._pending: list[tuple[dict[str, Any], Origin | None]] = []
         self._lock = threading.Lock()
@@ -173,13 +176,29 @@ class TaskPool:
         return 0.5 ** ((self.step - self.synthesized[task_id][1]) / half_life)
 
     def sample(self, n: int) -> list[Drawn]:
-        """Draw `n` tasks for the current step by the configured mixing."""
-        seed = [Drawn(self.seed[k], "seed") for k in sorted(self.seed)]
-        synth = [Drawn(self.synthesized[k][0], "synthesized") for k in sorted(self.synthesized)]
-        synth_w = [self.weight(d.task.task_id) for d in synth]
-        if not seed and not synth:
+        """Draw `n` tasks for the current step: the fresh ones first (`fresh_first`), then by the mixing."""
+        if not self.seed and not self.synthesized:
             raise RuntimeError("the task pool is empty: give seed categories with train tasks, or wait for "
                                "validated tasks")
+        fresh = self._fresh(n) if self.config.fresh_first else []
+        taken = {d.task.task_id for d in fresh}
+        self.drawn |= taken
+        if len(fresh) == n:
+            return fresh
+        rest = self._mix(n - len(fresh), taken) or self._mix(n - len(fresh), set())
+        self.drawn |= {d.task.task_id for d in rest if d.source == "synthesized"}
+        return fresh + rest
+
+    def _fresh(self, n: int) -> list[Drawn]:
+        """Up to `n` synthesized tasks never drawn, oldest first (by the step they joined, then id)."""
+        never = sorted((joined, k) for k, (_, joined) in self.synthesized.items() if k not in self.drawn)
+        return [Drawn(self.synthesized[k][0], "synthesized") for _, k in never[:n]]
+
+    def _mix(self, n: int, exclude: set[str]) -> list[Drawn]:
+        """`n` tasks by the configured mixing, from the pool less `exclude`."""
+        seed = [Drawn(self.seed[k], "seed") for k in sorted(self.seed) if k not in exclude]
+        synth = [Drawn(self.synthesized[k][0], "synthesized") for k in sorted(self.synthesized) if k not in exclude]
+        synth_w = [self.weight(d.task.task_id) for d in synth]
         share = self.config.synthetic_share
         if share < 0 or not synth or not seed:
             return _weighted(self.rng, seed + synth, [1.0] * len(seed) + synth_w, n)
@@ -208,13 +227,13 @@ class TaskPool:
 
     # -- checkpoints --
     def state(self) -> dict[str, Any]:
-        """Everything a resumed run needs: the RNG, the step, the synthesized tasks with their age, and the
-        seed tasks dropped as unloadable."""
+        """Everything a resumed run needs: the RNG, the step, the synthesized tasks with their age, the
+        seed tasks dropped as unloadable, and the synthesized tasks drawn before."""
         version, internal, gauss = self.rng.getstate()
         return {"rng": [version, list(internal), gauss], "step": self.step, "frozen": self.frozen,
                 "synthesized": [{"task": t.to_record(), "joined": joined}
                                 for t, joined in (self.synthesized[k] for k in sorted(self.synthesized))],
-                "dropped_seeds": sorted(self.dropped_seeds)}
+                "dropped_seeds": sorted(self.dropped_seeds), "drawn": sorted(self.drawn)}
 
     def restore(self, state: dict[str, Any]) -> None:
         version, internal, gauss = state["rng"]
@@ -222,6 +241,7 @@ class TaskPool:
         self.step = int(state["step"])
         self.frozen = bool(state.get("frozen", False))
         self.dropped_seeds = set(state.get("dropped_seeds", ())) | self.dropped_seeds
+        self.drawn = set(state.get("drawn", ()))
         for task_id in self.dropped_seeds:
             self.seed.pop(task_id, None)
         self.loadable = set()

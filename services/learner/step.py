@@ -158,6 +158,7 @@ class StepRunner:
         metrics, trained = self.train_and_push(batch)
         trajectories = self.trajectories(step, groups)
         rewards = [r for g in groups for r in g.rewards]
+        synthesized = [g for g in kept if g.drawn.source == "synthesized" and not g.flat] if trained else []
         record = {
             "event_id": step_event_id(self.run_id, step), "run_id": self.run_id, "step": step,
             "trajectory_count": len(trajectories), "policy_version": self.backend.version,
@@ -166,6 +167,8 @@ class StepRunner:
             "pool_size": self.pool.size, "pool_synthesized": len(self.pool.synthesized),
             "zero_variance_groups": sum(g.flat for g in groups), "resampled_groups": resampled,
             "tokens_trained": int(metrics.get("loss_tokens", 0)) if trained else 0,
+            "synthesized_trained": sum(len(g.episodes) for g in synthesized),
+            "synthesized_tasks_trained": len({g.drawn.task.task_id for g in synthesized}),
             "rollout_seconds": self.times.get("rollout", 0.0), "scoring_seconds": self.times.get("scoring", 0.0),
             "training_seconds": self.times.get("training", 0.0), "push_seconds": self.times.get("push", 0.0),
             "publish_seconds": None, "blocked_seconds": blocked_seconds,

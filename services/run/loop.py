@@ -132,6 +132,9 @@ def follow(s: Session, tally: Tally, printed: set[int]) -> None:
         tally.add(item.name, item.event)
     for step in sorted(set(tally.steps) - printed):
         print(tally.progress_line(step, s.plan.run.steps), flush=True)
+        trained = tally.synthesized_line(step)
+        if trained:
+            print(trained, flush=True)
         printed.add(step)
 
 

@@ -1,5 +1,5 @@
 """`<workdir>/summary.json`: what the run did, read from the events, and why a signal kind stayed silent,
-no step took a GRPO update, or no task was validated."""
+no step took a GRPO update, no task was validated, or no update trained on a synthesized task."""
 from __future__ import annotations
 
 import dataclasses
@@ -78,6 +78,20 @@ def unvalidated_reason(tally: Tally) -> str | None:
             + ", ".join(f"{n} at {stage}" for stage, n in stages.most_common()) + unproposed)
 
 
+def unclosed_reason(tally: Tally) -> str | None:
+    """When no step trained on a synthesized task, where the loop stopped short of its last edge."""
+    if tally.synthesized_trained or not tally.steps:
+        return None
+    if not tally.validated:
+        return "no task was validated (tasks_silent says why)"
+    pooled = sorted(k for k, s in tally.steps.items() if s.get("pool_synthesized"))
+    if not pooled:
+        return (f"{tally.validated} task(s) validated, none before the pool's last refresh (before step "
+                f"{tally.last_step}): they came too late to be trained on")
+    return (f"synthesized tasks were in the pool from step {pooled[0]}, but no step's update took one: not drawn "
+            "(learner.fresh_first draws each one at the next step), or their groups scored all alike")
+
+
 def build(tally: Tally, plan_info: dict[str, Any], phases: dict[str, float], th: Thresholds,
           state: str) -> dict[str, Any]:
     """The summary document (see README, "coevolve run")."""
@@ -99,6 +113,8 @@ def build(tally: Tally, plan_info: dict[str, Any], phases: dict[str, float], th:
         "tasks_silent": unvalidated_reason(tally),
         "pool_size": {s["step"]: s.get("pool_size") for s in steps},
         "pool_synthesized": {s["step"]: s.get("pool_synthesized") for s in steps},
+        "synthesized_trained": tally.synthesized_trained, "first_synthesized_step": tally.first_synthesized_step,
+        "loop_silent": unclosed_reason(tally),
         "train_reward": {s["step"]: s.get("train_reward") for s in steps},
         "loss": {s["step"]: s.get("loss") for s in steps},
         "evaluations": tally.evaluations, "dead_letters": dict(tally.deadletters),

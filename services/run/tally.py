@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 STEP_FIELDS = ("trajectory_count", "policy_version", "train_reward", "loss", "duration_seconds", "pool_size",
-               "pool_synthesized", "zero_variance_groups", "resampled_groups", "tokens_trained",
+               "pool_synthesized", "zero_variance_groups", "resampled_groups", "tokens_trained", "synthesized_trained",
+               "synthesized_tasks_trained",
                "rollout_seconds", "scoring_seconds", "training_seconds", "push_seconds", "publish_seconds",
                "blocked_seconds", "eval_score")
 STAGE_TIMES = ("rollout", "scoring", "training", "push", "publish", "blocked")
@@ -84,6 +85,25 @@ class Tally:
     @property
     def last_step(self) -> int:
         return max(self.steps, default=0)
+
+    @property
+    def synthesized_trained(self) -> int:
+        """Rollouts of synthesized tasks the run's updates trained on."""
+        return sum(s.get("synthesized_trained") or 0 for s in self.steps.values())
+
+    @property
+    def first_synthesized_step(self) -> int | None:
+        """The first step whose update trained on a synthesized task: where the loop closed."""
+        return min((k for k, s in self.steps.items() if s.get("synthesized_trained")), default=None)
+
+    def synthesized_line(self, step: int) -> str | None:
+        """The terminal's note that a step trained on tasks the loop made, or None."""
+        s = self.steps[step]
+        rollouts, tasks = s.get("synthesized_trained") or 0, s.get("synthesized_tasks_trained") or 0
+        if not rollouts:
+            return None
+        return (f"step {step}: trained on {tasks} synthesized task{'s' if tasks != 1 else ''} "
+                f"({rollouts} rollout{'s' if rollouts != 1 else ''})")
 
     def progress_line(self, step: int, total: int) -> str:
         """One terminal line for a completed step."""

@@ -1,8 +1,9 @@
 """One exploration group's work with a model: abstract it into a proposed task, then validate it.
 
 No Kafka here: `check_group` returns the `TaskChecked` record, or the reason the group yields no
-proposal (the service dead-letters it). The dual pass's attempt is the validator's own agent: one
-greedy episode of the built task with `run_episodes`, its calls per turn scored against the reference.
+proposal (the service dead-letters it). The dual pass's attempts are the validator's own agent:
+`attempts` episodes of the built task in one batched `run_episodes`, greedy or sampled, each one's calls
+per turn scored against the reference.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from coevolve.services.validator.abstraction import (abstraction_messages, build
 from coevolve.services.validator.config import ValidatorConfig
 from coevolve.services.validator.novelty import NoveltyIndex
 from coevolve.services.validator.stages import StageOutcome
-from coevolve.services.validator.verdict import Verdict, attempt_calls, validate, verdict_record
+from coevolve.services.validator.verdict import Attempt, Verdict, attempt_calls, validate, verdict_record
 
 
 @dataclass(frozen=True)
@@ -33,11 +34,11 @@ class Checked:
     reason: str = ""
 
 
-def agent_attempt(backend, sampling: SamplingConfig, limits: EpisodeLimits):
-    """The dual pass's attempt: one episode of the task by the validator's model, calls per turn."""
-    def attempt(task: Task) -> list[list[str]]:
-        episode = run_episodes([task], "bfcl", backend, sampling, limits)[0]
-        return attempt_calls(episode.actions, len(task.turns))
+def agent_attempt(backend, sampling: SamplingConfig, limits: EpisodeLimits, attempts: int = 1) -> Attempt:
+    """The dual pass's attempts: `attempts` episodes of the task by the validator's model, calls per turn."""
+    def attempt(task: Task) -> list[list[list[str]]]:
+        episodes = run_episodes([task] * attempts, "bfcl", backend, sampling, limits)
+        return [attempt_calls(episode.actions, len(task.turns)) for episode in episodes]
     return attempt
 
 
@@ -61,10 +62,10 @@ def propose(backend, groups: Sequence[tuple[Sequence[Mapping[str, Any]], Task]],
 
 def check_groups(groups: Sequence[Sequence[Mapping[str, Any]]], backend, index: NoveltyIndex,
                  config: ValidatorConfig, sampling: SamplingConfig, limits: EpisodeLimits,
-                 attempt_sampling: SamplingConfig | None = None) -> list[Checked]:
+                 attempt_sampling: SamplingConfig | None = None, attempts: int = 1) -> list[Checked]:
     """Abstract every group in one batch (with `sampling`), then build and validate each proposed task
-    in order, so a task validated first counts as known for the next; the dual pass's attempt is greedy
-    (`attempt_sampling`, by default greedy with `sampling`'s token limit)."""
+    in order, so a task validated first counts as known for the next; the dual pass makes `attempts`
+    attempts with `attempt_sampling` (by default greedy with `sampling`'s token limit)."""
     attempt_sampling = attempt_sampling or SamplingConfig(temperature=0.0, max_new_tokens=sampling.max_new_tokens)
     results: list[Checked | None] = [None] * len(groups)
     seeded: list[tuple[int, Task]] = []
@@ -78,19 +79,20 @@ def check_groups(groups: Sequence[Sequence[Mapping[str, Any]]], backend, index: 
         if proposal is None:
             results[i] = Checked(None, None, error_type, reason)
             continue
-        results[i] = _verdict(groups[i], seed, proposal, backend, index, config, limits, attempt_sampling)
+        results[i] = _verdict(groups[i], seed, proposal, index, config,
+                              agent_attempt(backend, attempt_sampling, limits, attempts))
     return results  # type: ignore[return-value]
 
 
-def _verdict(group: Sequence[Mapping[str, Any]], seed: Task, proposal: dict, backend, index: NoveltyIndex,
-             config: ValidatorConfig, limits: EpisodeLimits, attempt_sampling: SamplingConfig) -> Checked:
+def _verdict(group: Sequence[Mapping[str, Any]], seed: Task, proposal: dict, index: NoveltyIndex,
+             config: ValidatorConfig, attempt: Attempt) -> Checked:
     first = group[0]
     ids = [str(e["event_id"]) for e in group]
     task, problem = build_task(proposal, seed, synthesized_task_id(ids))
     if problem:
         verdict = Verdict(task, False, (StageOutcome("well_formed", False, problem),))
     else:
-        verdict = validate(task, index, agent_attempt(backend, attempt_sampling, limits), config)
+        verdict = validate(task, index, attempt, config)
     signal_ids = sorted({s for e in group for s in (e.get("signal_ids") or [])})
     record = verdict_record(verdict, str(first["run_id"]), int(first["step"]), seed.task_id, signal_ids, ids,
                             int(time.time() * 1000))
@@ -99,6 +101,6 @@ def _verdict(group: Sequence[Mapping[str, Any]], seed: Task, proposal: dict, bac
 
 def check_group(group: Sequence[Mapping[str, Any]], backend, index: NoveltyIndex, config: ValidatorConfig,
                 sampling: SamplingConfig, limits: EpisodeLimits,
-                attempt_sampling: SamplingConfig | None = None) -> Checked:
+                attempt_sampling: SamplingConfig | None = None, attempts: int = 1) -> Checked:
     """`check_groups` for one group."""
-    return check_groups([group], backend, index, config, sampling, limits, attempt_sampling)[0]
+    return check_groups([group], backend, index, config, sampling, limits, attempt_sampling, attempts)[0]

@@ -40,8 +40,12 @@ class ValidatorServiceConfig:
     kafka_bootstrap: str = doc("127.0.0.1:9092", "Kafka bootstrap address HOST:PORT.")
     group_id: str = doc("coevolve-validator", "Consumer group; its committed offsets are the validator's progress.")
     group_wait_s: float = doc(60.0, "Abstract an incomplete exploration group after it waited this long.")
-    temperature: float = doc(0.7, "Sampling temperature of abstractions (the dual-pass attempt is greedy).")
-    max_new_tokens: int = doc(256, "New tokens per generation of the dual-pass attempt.")
+    temperature: float = doc(0.7, "Sampling temperature of abstractions.")
+    attempts: int = doc(1, "Dual-pass attempts per task, in one batch; the task is kept when any succeeds or "
+                           "earns a positive partial score.")
+    attempt_temperature: float = doc(0.0, "Sampling temperature of the dual-pass attempts; 0 is greedy (one "
+                                          "attempt), above 0 samples each attempt with its own seed.")
+    max_new_tokens: int = doc(256, "New tokens per generation of the dual-pass attempts.")
     json_max_new_tokens: int = doc(1024, "New tokens per abstraction (a JSON answer); the schema's bounds keep "
                                          "a complete answer within it.")
     attempt_calls_per_turn: int = doc(10, "Most tool calls per user turn in the dual-pass attempt.")
@@ -53,6 +57,12 @@ class ValidatorServiceConfig:
         if self.group_wait_s <= 0 or min(self.max_new_tokens, self.json_max_new_tokens, self.attempt_calls_per_turn) < 1:
             raise ConfigError("group_wait_s must be > 0, max_new_tokens, json_max_new_tokens and "
                               "attempt_calls_per_turn >= 1")
+        if self.attempts < 1 or self.attempt_temperature < 0:
+            raise ConfigError(f"attempts={self.attempts} must be >= 1 and attempt_temperature="
+                              f"{self.attempt_temperature} >= 0")
+        if self.attempts > 1 and self.attempt_temperature == 0:
+            raise ConfigError(f"attempts={self.attempts} greedy attempts would all be the same episode: set "
+                              "attempt_temperature above 0 (e.g. 1.0) or attempts=1")
 
 
 class Validator(Service):
@@ -66,7 +76,8 @@ class Validator(Service):
         self.groups = ExplorationGroups(core.rounds_per_group)
         self.sampling = SamplingConfig(temperature=cfg.temperature, max_new_tokens=cfg.json_max_new_tokens,
                                        seed=backend_cfg.seed)
-        self.attempt_sampling = SamplingConfig(temperature=0.0, max_new_tokens=cfg.max_new_tokens)
+        self.attempt_sampling = SamplingConfig(temperature=cfg.attempt_temperature, max_new_tokens=cfg.max_new_tokens,
+                                               seed=backend_cfg.seed)
         self.limits = EpisodeLimits(max_calls_per_turn=cfg.attempt_calls_per_turn)
         self.index: NoveltyIndex | None = None
         self.judged: dict[str, str] = {}  # task id -> its verdict, from coevolve.tasks and this process
@@ -153,7 +164,7 @@ class Validator(Service):
         if ready:
             with self.consumer.working():  # model work outlasts the poll interval; keep the group
                 results = check_groups(ready, self.backend, self.index, self.core, self.sampling, self.limits,
-                                       self.attempt_sampling)
+                                       self.attempt_sampling, self.cfg.attempts)
         self.uncommitted += len(items)
         if self.groups.pending:
             self._publish(ready, results)

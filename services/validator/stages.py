@@ -7,8 +7,8 @@
 2. `executable`: from the initial state, the reference runs with no call rejected, raising or
    returning an error, and it changes the state or returns information (a hallucinated task fails).
 3. `novel`: not a near-duplicate of a known task (`novelty.py`).
-4. `dual_pass`: an attempt's calls, scored against the reference in the real environment, succeed or
-   earn a positive partial score; a zero score rejects the task.
+4. `dual_pass`: the attempts' calls, scored against the reference in the real environment: the task is
+   kept when one succeeds or earns a positive partial score (the paper's rule); all zero rejects it.
 """
 from __future__ import annotations
 
@@ -104,18 +104,32 @@ def check_executable(task: Task) -> StageOutcome:
     return StageOutcome("executable", True, f"the reference runs without errors and {what}")
 
 
-def check_dual_pass(task: Task, attempt: Sequence[Sequence[str]]) -> tuple[StageOutcome, float]:
-    """Stage 4: the attempt's calls per turn, scored in the environment; passes on success or a score > 0."""
+def _score(task: Task, attempt: Sequence[Sequence[str]]) -> dict | str:
+    """One attempt's calls per turn scored in the environment, or why the task does not run."""
     try:
-        result = score_calls(task, [list(turn) for turn in attempt[:len(task.turns)]])
+        return score_calls(task, [list(turn) for turn in attempt[:len(task.turns)]])
     except InvalidTask as exc:
-        return StageOutcome("dual_pass", False, f"the task does not run: {exc}"), 0.0
-    score, passed = float(result["score"]), sum(t["passed"] for t in result["turns"])
+        return f"the task does not run: {exc}"
+
+
+def check_dual_pass(task: Task, attempts: Sequence[Sequence[Sequence[str]]]) -> tuple[StageOutcome, float]:
+    """Stage 4: each attempt's calls per turn, scored in the environment; the task passes when any attempt
+    succeeds or earns a positive partial score. The reason gives the best attempt and every score."""
+    results = [_score(task, attempt) for attempt in attempts]
+    problem = next((r for r in results if isinstance(r, str)), None)
+    if problem is not None or not results:
+        return StageOutcome("dual_pass", False, problem or "no attempt was made"), 0.0
+    best = max(results, key=lambda r: (bool(r["success"]), float(r["score"])))
+    score, passed = float(best["score"]), sum(t["passed"] for t in best["turns"])
     summary = f"attempt scored {score:.2f} ({passed} of {len(task.turns)} turns passed)"
-    if result["success"]:
+    if len(results) > 1:
+        scores = ", ".join(f"{float(r['score']):.2f}" for r in results)
+        summary = (f"best of {len(results)} attempts scored {score:.2f} ({passed} of {len(task.turns)} turns "
+                   f"passed; scores {scores})")
+    if best["success"]:
         return StageOutcome("dual_pass", True, f"{summary}: the attempt completes the task"), score
     if score > 0:
         return StageOutcome("dual_pass", True, f"{summary}: a positive partial score"), score
-    first = next((t for t in result["turns"] if not t["passed"]), None)
+    first = next((t for t in best["turns"] if not t["passed"]), None)
     detail = f"; turn {first['turn']}: {first['reason']}" if first else ""
     return StageOutcome("dual_pass", False, f"{summary}{detail}"), score

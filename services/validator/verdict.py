@@ -1,7 +1,7 @@
 """Run the validation stages in order and turn the verdict into a `TaskChecked` event.
 
-The stages stop at the first rejection, so an attempt (the validator agent's model run, passed in as
-`attempt`) is only made for a task that is well-formed, executable and novel. A validated task joins
+The stages stop at the first rejection, so attempts (the validator agent's model runs, passed in as
+`attempt`) are only made for a task that is well-formed, executable and novel. A validated task joins
 the novelty index, so a later proposal of the same task is a duplicate. With `validation` off (the
 paper's no-validation ablation) only the well-formed stage runs: a task whose calls do not parse
 could not be scored at all.
@@ -20,8 +20,8 @@ from coevolve.services.validator.novelty import NoveltyIndex
 from coevolve.services.validator.stages import (StageOutcome, check_dual_pass, check_executable,
                                                 check_well_formed)
 
-Attempt = Callable[[Task], Sequence[Sequence[str]]]
-"""Given a task, the calls an agent made per user turn (BFCL call strings)."""
+Attempt = Callable[[Task], Sequence[Sequence[Sequence[str]]]]
+"""Given a task, the agent's attempts at it: each the calls it made per user turn (BFCL call strings)."""
 
 NO_VALIDATION = "validation disabled (--no-validation): only well-formedness checked"
 
@@ -34,7 +34,7 @@ class Verdict:
     validated: bool
     stages: tuple[StageOutcome, ...]
     score: float | None = None
-    """The dual-pass attempt's score, when the attempt was made."""
+    """The best dual-pass attempt's score, when attempts were made."""
 
     @property
     def stage(self) -> str | None:

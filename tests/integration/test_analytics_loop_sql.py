@@ -49,6 +49,7 @@ def test_the_loop_run_gives_its_known_figures(archive):
     pool = views["pool"].rows
     assert [(r[1], r[2], r[3]) for r in pool] == [(s, 100 + 2 * (s - 1), 2 * (s - 1)) for s in range(1, 7)]
     assert pool[-1][4] == pytest.approx(10 / 110)
+    assert [r[5] for r in pool] == [4 * (s - 1) for s in range(1, 7)]  # synthesized rollouts trained on
     (share,) = views["time_share"].rows
     assert share[:3] == ["loop-run", loop_events.STEPS, pytest.approx(60.0)]
     assert share[-1] == pytest.approx(loop_events.BLOCKED_SHARE)

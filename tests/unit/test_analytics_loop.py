@@ -18,8 +18,8 @@ def _views() -> dict[str, View]:
     return {
         "evaluation": View("evaluation", "eval", ["run_id", "split", "step", "tasks", "success_rate", "mean_score"],
                            [["a", "test", 0, 10, 0.1, 0.2], ["a", "test", 4, 10, 0.3, 0.5]]),
-        "pool": View("pool", "pool", ["run_id", "step", "pool_size", "synthesized", "share", "z", "r", "t"],
-                     [["a", s, 100 + s, s, s / (100 + s), 0, 0, 10] for s in range(1, 5)]),
+        "pool": View("pool", "pool", ["run_id", "step", "pool_size", "synthesized", "share", "trained", "z", "r", "t"],
+                     [["a", s, 100 + s, s, s / (100 + s), 2 * s, 0, 0, 10] for s in range(1, 5)]),
         "step_time": View("step_time", "time", ["run_id", "step", *PHASES, "other", "duration"], phases),
         "time_share": View("time_share", "share", ["run_id", "steps", "seconds", *PHASES],
                            [[r, 4, 40.0, 0.5, 0.05, 0.3, 0.05, 0.04, 0.005] for r in ("a", "b")]),

@@ -92,6 +92,17 @@ def test_truncated_and_padded_bodies_are_malformed():
         registry.decode(data + b"\x00\x00", "coevolve.steps", 0, 1)
 
 
+def test_a_step_written_before_the_synthesized_counts_reads_them_as_null():
+    registry = default_registry()
+    v2 = schema_fingerprint(json.loads((SCHEMA_DIR / "history" / "StepCompleted.v2.avsc").read_text()))
+    assert v2 in registry.writers and v2 != registry.fingerprint("StepCompleted")
+    event = {k: v for k, v in sample_events()["StepCompleted"].items()
+             if k not in ("synthesized_trained", "synthesized_tasks_trained")}
+    _, decoded = registry.decode(registry.encode("StepCompleted", event, writer=v2))
+    assert decoded["synthesized_trained"] is None and decoded["synthesized_tasks_trained"] is None
+    assert decoded["tokens_trained"] == 9000
+
+
 def test_records_that_do_not_fit_their_schema_are_refused():
     registry = default_registry()
     bad = sample_events()["TrajectoryRecorded"]

@@ -95,6 +95,33 @@ def test_recency_halves_an_old_task_weight_every_half_life():
     assert 0.12 < counts["old"] / 500 < 0.28  # 0.25 / 1.25 = 0.2
 
 
+def test_fresh_first_draws_each_new_task_at_the_next_step_oldest_first():
+    p = pool(fresh_first=True)
+    p.offer(verdict("syn-b"))
+    p.offer(verdict("syn-a"))
+    p.refresh(2)
+    p.offer(verdict("syn-c"))
+    p.refresh(3)
+    first = p.sample(2)
+    assert [(d.task.task_id, d.source) for d in first] == [("syn-a", "synthesized"), ("syn-b", "synthesized")]
+    drawn = p.sample(3)
+    assert drawn[0].task.task_id == "syn-c" and len({d.task.task_id for d in drawn}) == 3
+    restored = pool(fresh_first=True)
+    restored.restore(p.state())
+    assert restored.drawn == {"syn-a", "syn-b", "syn-c"} | {d.task.task_id for d in drawn if d.source == "synthesized"}
+    assert [d.task.task_id for d in restored.sample(4)] == [d.task.task_id for d in p.sample(4)]
+
+
+def test_without_fresh_first_the_draws_are_the_mixing_alone():
+    plain, fresh = pool(), pool(fresh_first=True)
+    for p in (plain, fresh):
+        p.offer(verdict("syn-1"))
+        p.refresh(2)
+    assert "syn-1" in {d.task.task_id for d in fresh.sample(1)}
+    counts = Counter(d.task.task_id for _ in range(500) for d in plain.sample(1))
+    assert set(counts) == {"syn-1", *(t.task_id for t in SEEDS)} and counts["syn-1"] < 200  # about 1 in 5
+
+
 def test_a_frozen_pool_ignores_later_arrivals():
     p = pool(sampler="static")
     p.offer(verdict("early"))

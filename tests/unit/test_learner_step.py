@@ -67,6 +67,28 @@ def test_a_step_rolls_out_b_times_k_scores_trains_pushes_and_records(tokenizer):
     registry.encode("TrajectoryRecorded", result.trajectories[0])
 
 
+def fresh_pool() -> TaskPool:
+    """Three seed tasks and one validated task (a copy of another train task), drawn first."""
+    pool = TaskPool(load_tasks(split="train")[:3], SamplerConfig(fresh_first=True), seed=1)
+    base = load_tasks(split="train")[5]
+    pool.offer({**base.to_record(), "task_id": "syn-1", "verdict": "validated", "source": "synthesized"})
+    pool.refresh(1)
+    return pool
+
+
+def test_a_step_counts_the_synthesized_rollouts_its_update_trained_on(tokenizer):
+    steps, _ = runner(tokenizer, ["yes", "no", "no"])
+    steps.pool = fresh_pool()
+    result = steps.run(1)
+    rec = result.record
+    assert (rec["synthesized_trained"], rec["synthesized_tasks_trained"], rec["pool_synthesized"]) == (3, 1, 1)
+    assert [t["task_source"] for t in result.trajectories].count("synthesized") == 3
+    flat, _ = runner(tokenizer, ["no"])
+    flat.pool = fresh_pool()
+    rec = flat.run(1).record  # drawn, but no update: nothing synthesized was trained on
+    assert rec["synthesized_trained"] == rec["synthesized_tasks_trained"] == 0 and rec["loss"] is None
+
+
 def test_equal_rewards_everywhere_skip_the_update(tokenizer):
     steps, engine = runner(tokenizer, ["no"])
     result = steps.run(1)

@@ -1,7 +1,8 @@
 """The run's tally of broker events, its progress line, and why silent signal kinds stayed silent."""
 import pytest
 
-from coevolve.services.run.summary import build, silent_reasons, thresholds, untrained_reason, unvalidated_reason
+from coevolve.services.run.summary import (build, silent_reasons, thresholds, unclosed_reason, untrained_reason,
+                                          unvalidated_reason)
 from coevolve.services.run.tally import Tally
 
 
@@ -52,6 +53,23 @@ def test_a_kind_that_fired_gets_no_excuse_and_the_summary_sums_the_steps():
     assert doc["steps"] == 2 and doc["pool_size"] == {1: 41, 2: 42}
     assert doc["learner_seconds"]["rollout"] == 12.0 and doc["blocked_share"] == pytest.approx(0.002)
     assert "step 2/2" in tally.progress_line(2, 2) and "pool 42 (1 new)" in tally.progress_line(2, 2)
+
+
+def test_the_loop_closes_where_an_update_first_trains_on_a_synthesized_task():
+    tally = Tally(run_id="r1")
+    tally.add("StepCompleted", {"event_id": "st1", "run_id": "r1", "step": 1, "pool_synthesized": 0})
+    assert unclosed_reason(tally) == "no task was validated (tasks_silent says why)"
+    tally.add("TaskChecked", _verdict("a", "validated", None))
+    assert "1 task(s) validated, none before the pool's last refresh (before step 1)" in unclosed_reason(tally)
+    tally.add("StepCompleted", {"event_id": "st2", "run_id": "r1", "step": 2, "pool_synthesized": 1,
+                                "synthesized_trained": 0, "synthesized_tasks_trained": 0})
+    assert unclosed_reason(tally).startswith("synthesized tasks were in the pool from step 2, but no step's update")
+    assert tally.synthesized_line(2) is None
+    tally.add("StepCompleted", {"event_id": "st3", "run_id": "r1", "step": 3, "pool_synthesized": 2,
+                                "synthesized_trained": 6, "synthesized_tasks_trained": 2})
+    doc = build(tally, {"run_id": "r1"}, {}, thresholds({}), "completed")
+    assert (doc["synthesized_trained"], doc["first_synthesized_step"], doc["loop_silent"]) == (6, 3, None)
+    assert tally.synthesized_line(3) == "step 3: trained on 2 synthesized tasks (6 rollouts)"
 
 
 def _verdict(eid, verdict, stage):

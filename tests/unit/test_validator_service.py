@@ -1,6 +1,8 @@
 """The validator's per-group work (`proposing.check_group`) with a scripted model on the real BFCL env."""
 import json
 
+import pytest
+
 from coevolve.services.agent.config import EpisodeLimits, SamplingConfig
 from coevolve.services.envs import bfcl_data
 from coevolve.services.explorer.random_strategy import explore_randomly
@@ -10,6 +12,8 @@ from coevolve.services.validator.abstraction import synthesized_task_id
 from coevolve.services.validator.config import ValidatorConfig
 from coevolve.services.validator.novelty import NoveltyIndex
 from coevolve.services.validator.proposing import check_group, check_groups
+from coevolve.services.validator.service import ValidatorServiceConfig
+from coevolve.services.runtime.config import ConfigError
 from tests.agent_helpers import ScriptedBackend, byte_tokenizer
 
 SAMPLING = SamplingConfig(temperature=0.0, max_new_tokens=400)
@@ -84,6 +88,26 @@ def test_an_attempt_that_scores_zero_rejects_the_task_at_the_dual_pass():
     assert checked.record["validation_score"] == 0.0
 
 
+def test_sampled_attempts_run_in_one_batch_and_one_that_solves_the_task_keeps_it():
+    answers = iter(["[ls()]", "[" + ", ".join(CALLS) + "]", "[pwd()]"])
+
+    def script(request):
+        if request.json_schema is not None:
+            return json.dumps(PROPOSAL)
+        return next(answers) if request.messages[-1]["role"] == "user" else "Done."
+    backend = ScriptedBackend(byte_tokenizer(), script)
+    temperatures, generate = [], backend.generate
+    backend.generate = lambda requests, sampling: temperatures.append(sampling.temperature) or generate(requests,
+                                                                                                          sampling)
+    sampled = SamplingConfig(temperature=1.0, max_new_tokens=400, seed=3)
+    checked = check_group(_group(), backend, NoveltyIndex([SEED]), ValidatorConfig(), SAMPLING, LIMITS, sampled, 3)
+    assert checked.record["verdict"] == "validated" and checked.record["validation_score"] == 1.0
+    assert "best of 3 attempts scored 1.00" in checked.record["reason"] and "scores 0.00, 1.00, 0.00" in \
+        checked.record["reason"]
+    attempts = [(len(batch), t) for batch, t in zip(backend.batches, temperatures) if batch[0].json_schema is None]
+    assert attempts[0] == (3, 1.0)  # the three first turns in one batch, sampled
+
+
 def test_a_tool_that_does_not_exist_is_rejected_as_malformed_without_an_attempt():
     bad = {"involved_classes": ["GorillaFileSystem"],
            "turns": [{**PROPOSAL["turns"][0], "reference": ["teleport(to='document')"]}]}
@@ -136,3 +160,11 @@ def test_ready_groups_are_abstracted_in_one_batch_and_a_repeat_within_it_is_a_du
     assert len(abstractions) == 1 and len(abstractions[0]) == 2
     assert first.record["verdict"] == "validated"
     assert second.record["verdict"] == "rejected" and second.record["stage"] == "novel"
+
+
+def test_several_greedy_attempts_are_refused_with_the_fix():
+    with pytest.raises(ConfigError, match="set attempt_temperature above 0"):
+        ValidatorServiceConfig(attempts=4)
+    with pytest.raises(ConfigError, match="attempts=0 must be >= 1"):
+        ValidatorServiceConfig(attempts=0)
+    assert ValidatorServiceConfig(attempts=4, attempt_temperature=1.0).attempts == 4

@@ -37,14 +37,15 @@ ZERO_ATTEMPT = fs_task(["Create a folder named drafts in the document folder."],
 
 
 class Attempts:
-    """Stands in for the validator agent: fixed calls per task, and a record of who was asked."""
+    """Stands in for the validator agent: fixed attempts per task (each calls per turn; by default one
+    attempt that plays the reference), and a record of who was asked."""
 
     def __init__(self, calls):
         self.calls, self.asked = calls, []
 
     def __call__(self, task):
         self.asked.append(task.task_id)
-        return self.calls.get(task.task_id, task.reference)
+        return self.calls.get(task.task_id, [task.reference])
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +60,8 @@ def run(task, seeds, attempt_calls=None, config=ValidatorConfig()):
 
 
 def test_a_valid_task_passes_every_stage_in_order(seeds):
-    verdict, attempts, index = run(VALID, seeds, {VALID.task_id: [["cd(folder='document')",
-                                                                   "mkdir(dir_name='drafts')"], ["ls()"]]})
+    verdict, attempts, index = run(VALID, seeds, {VALID.task_id: [[["cd(folder='document')",
+                                                                    "mkdir(dir_name='drafts')"], ["ls()"]]]})
     assert verdict.validated and verdict.stage is None and attempts.asked == [VALID.task_id]
     assert [s.stage for s in verdict.stages] == ["well_formed", "executable", "novel", "dual_pass"]
     assert all(s.passed for s in verdict.stages) and verdict.score == 0.5
@@ -86,11 +87,24 @@ def test_a_bad_task_is_rejected_at_its_stage_and_no_attempt_is_made(seeds, task,
 
 
 def test_a_task_whose_attempt_scores_zero_is_rejected_at_the_dual_pass(seeds):
-    verdict, attempts, index = run(ZERO_ATTEMPT, seeds, {ZERO_ATTEMPT.task_id: [["ls()"]]})
+    verdict, attempts, index = run(ZERO_ATTEMPT, seeds, {ZERO_ATTEMPT.task_id: [[["ls()"]]]})
     assert (verdict.validated, verdict.stage, verdict.score) == (False, "dual_pass", 0.0)
     assert verdict.stages[-1].reason == ("attempt scored 0.00 (0 of 1 turns passed); turn 0: state differs from "
                                          "the reference: GorillaFileSystem.root")
     assert index.check(ZERO_ATTEMPT).passed  # a rejected task does not join the index
+
+
+def test_the_dual_pass_keeps_a_task_when_any_of_its_attempts_earns_a_score(seeds):
+    tries = [[["ls()"]], [["cd(folder='document')", "mkdir(dir_name='drafts')"]], [["pwd()"]]]
+    verdict, attempts, _ = run(ZERO_ATTEMPT, seeds, {ZERO_ATTEMPT.task_id: tries})
+    assert verdict.validated and verdict.score == 1.0 and attempts.asked == [ZERO_ATTEMPT.task_id]
+    assert verdict.stages[-1].reason == ("best of 3 attempts scored 1.00 (1 of 1 turns passed; scores 0.00, 1.00, "
+                                         "0.00): the attempt completes the task")
+    verdict, _, _ = run(ZERO_ATTEMPT, seeds, {ZERO_ATTEMPT.task_id: [tries[0], tries[2]]})
+    assert not verdict.validated and verdict.stages[-1].reason.startswith(
+        "best of 2 attempts scored 0.00 (0 of 1 turns passed; scores 0.00, 0.00); turn 0: state differs")
+    verdict, _, _ = run(ZERO_ATTEMPT, seeds, {ZERO_ATTEMPT.task_id: []})
+    assert (verdict.validated, verdict.stages[-1].reason) == (False, "no attempt was made")
 
 
 def test_a_reference_that_changes_nothing_and_returns_nothing_is_not_executable():
@@ -121,7 +135,7 @@ def test_without_validation_only_well_formedness_is_checked(seeds):
 def test_verdicts_become_task_checked_events_and_validated_tasks_replay_like_seed_tasks(seeds):
     registry = default_registry()
     index = NoveltyIndex(seeds)
-    attempts = Attempts({ZERO_ATTEMPT.task_id: [["ls()"]]})
+    attempts = Attempts({ZERO_ATTEMPT.task_id: [[["ls()"]]]})
     verdicts = [validate(t, index, attempts, ValidatorConfig())
                 for t in (VALID, NO_SUCH_TOOL, GHOST_FILE, SAME_AS_SEED, ZERO_ATTEMPT)]
     records = [verdict_record(v, "r1", 10, SEED.task_id, ["sig"], ["e0", "e1"], NOW) for v in verdicts]
@@ -152,7 +166,7 @@ def test_an_episodes_actions_become_the_attempt_the_dual_pass_scores(seeds):
                {"name": "ls", "arguments": "{}", "observation": "", "turn": 1}]
     calls = attempt_calls(actions, len(VALID.turns))
     assert calls == [["cd(folder='document')", "mkdir(dir_name='drafts')"], ["ls()"]]
-    verdict = validate(VALID, NoveltyIndex(seeds), lambda task: attempt_calls(actions, len(task.turns)),
+    verdict = validate(VALID, NoveltyIndex(seeds), lambda task: [attempt_calls(actions, len(task.turns))],
                        ValidatorConfig())
     assert verdict.validated and verdict.score == 0.5
 
