@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coevolve.services.agent.precision import DTYPES
+from coevolve.services.envs.bfcl_data import TOOL_DOCS
 from coevolve.services.runtime.config import ConfigError, doc
 
 BACKENDS = ("vllm", "transformers", "openai")
@@ -81,14 +82,19 @@ class SamplingConfig:
 
 @dataclass(frozen=True)
 class EpisodeLimits:
-    """Bounds of one multi-turn episode; an episode that hits one ends and says which."""
+    """Bounds of one multi-turn episode (an episode that hits one ends and says which), and how its
+    prompt lists the tools."""
 
     max_user_turns: int = doc(10, "User turns played; later turns are not reached.")
     max_calls_per_turn: int = doc(20, "Tool calls in one user turn.")
     max_context_tokens: int = doc(8192, "Whole episode length in tokens (prompt, outputs, observations).")
     max_backend_errors: int = doc(2, "Consecutive failed generations before the episode ends.")
+    tool_docs: str = doc("full", "How the system prompt lists the tools: full (BFCL's JSON function docs) or "
+                                 "signatures (one line per function: arguments with types, its description).")
 
     def __post_init__(self) -> None:
         for name in ("max_user_turns", "max_calls_per_turn", "max_context_tokens", "max_backend_errors"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)} must be at least 1")
+        if self.tool_docs not in TOOL_DOCS:
+            raise ConfigError(f"tool_docs={self.tool_docs!r}: choose one of {', '.join(TOOL_DOCS)}")

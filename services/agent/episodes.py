@@ -234,7 +234,7 @@ def run_episodes(tasks: Sequence[Task], env: str | Callable[[], Environment], ba
     order of `tasks`. When `should_stop()` turns true, the next round raises `EpisodesStopped`.
     """
     limits = limits or EpisodeLimits()
-    make = (lambda: make_env(env)) if isinstance(env, str) else env
+    make = (lambda: make_env(env, tool_docs=limits.tool_docs)) if isinstance(env, str) else env
     template = getattr(backend, "template", None) if backend.tokenizer is not None else None
     width = max_in_flight or max(len(tasks), 1)
     queue = list(enumerate(tasks))[::-1]

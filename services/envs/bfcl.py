@@ -51,6 +51,8 @@ class BfclConfig:
     max_action_chars: int = doc(20_000, "Longest agent output accepted, in characters.")
     max_literal_depth: int = doc(16, "Deepest container nesting inside one call argument.")
     max_literal_nodes: int = doc(5_000, "Most literal values in one agent output.")
+    tool_docs: str = doc("full", "How the system prompt lists the tools: full (BFCL's JSON function docs) or "
+                                 "signatures (one line per function: arguments with types, its description).")
 
     def __post_init__(self) -> None:
         for name in ("max_steps_per_turn", "max_steps", "max_action_chars", "max_literal_depth",
@@ -59,6 +61,8 @@ class BfclConfig:
                 raise ConfigError(f"{name}={getattr(self, name)} must be at least 1")
         if self.timeout_s <= 0:
             raise ConfigError(f"timeout_s={self.timeout_s} must be positive")
+        if self.tool_docs not in bfcl_data.TOOL_DOCS:
+            raise ConfigError(f"tool_docs={self.tool_docs!r}: choose one of {', '.join(bfcl_data.TOOL_DOCS)}")
 
     @property
     def limits(self) -> CallLimits:
@@ -211,7 +215,7 @@ class BfclEnv:
         self.started = time.monotonic()
         self.done = False
         tools = bfcl_data.tools_at(task, 0)
-        return [{"role": "system", "content": bfcl_data.system_prompt(tools), "tools": tools},
+        return [{"role": "system", "content": bfcl_data.system_prompt(tools, self.config.tool_docs), "tools": tools},
                 {"role": "user", "content": task.turns[0]}]
 
     def verdicts(self) -> list[TurnVerdict]:
@@ -285,7 +289,7 @@ class BfclEnv:
         else:
             added = bfcl_data.tools_added_at(self.task, self.turn)
             if added:
-                listing = "\n".join(json.dumps(t["function"], ensure_ascii=False) for t in added)
+                listing = bfcl_data.tool_listing(added, self.config.tool_docs)
                 observations.append({"role": "system", "content": f"New functions are available:\n{listing}",
                                      "tools": added})
             observations.append({"role": "user", "content": self.task.turns[self.turn]})

@@ -152,8 +152,32 @@ def tools_added_at(task: Task, turn: int) -> list[dict[str, Any]]:
             if tool["function"]["name"] in names]
 
 
-def system_prompt(tools: list[dict[str, Any]]) -> str:
-    listing = "\n".join(json.dumps(t["function"], ensure_ascii=False) for t in tools)
+TOOL_DOCS = ("full", "signatures")
+
+
+def _signature(function: dict[str, Any]) -> str:
+    """`name(arg: type, optional: type = None): what it does` from BFCL's doc, the class preamble dropped."""
+    params = function.get("parameters") or {}
+    required = set(params.get("required") or ())
+    args = [f"{name}: {spec.get('type', 'any')}" + ("" if name in required else " = None")
+            for name, spec in (params.get("properties") or {}).items()]
+    text = function.get("description", "")
+    return f"{function['name']}({', '.join(args)}): {text.split('Tool description:')[-1].strip()}"
+
+
+def tool_listing(tools: list[dict[str, Any]], docs: str = "full") -> str:
+    """The tools as a prompt lists them: `full` is BFCL's JSON doc per function (2.7-4.5k tokens for a
+    task's classes with SmolLM2's tokenizer), `signatures` one line per function with its arguments'
+    names and types and its own description (about a fifth of that)."""
+    if docs == "signatures":
+        return "\n".join(_signature(t["function"]) for t in tools)
+    if docs == "full":
+        return "\n".join(json.dumps(t["function"], ensure_ascii=False) for t in tools)
+    raise ValueError(f"tool_docs={docs!r}: choose one of {', '.join(TOOL_DOCS)}")
+
+
+def system_prompt(tools: list[dict[str, Any]], docs: str = "full") -> str:
+    listing = tool_listing(tools, docs)
     return (
         "You are an agent that completes the user's requests by calling functions. Each turn, call "
         "the functions needed, read their results, and keep calling until the request is done; then "

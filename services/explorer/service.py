@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from prometheus_client import Counter
 
-from coevolve.services.agent.config import BackendConfig, SamplingConfig
+from coevolve.services.agent.config import BackendConfig, EpisodeLimits, SamplingConfig
 from coevolve.services.explorer.config import ExplorerConfig
 from coevolve.services.explorer.exploring import Budget, Outcome, explore_plan, explore_static
 from coevolve.services.explorer.planning import Plan, SignalBuffer
@@ -36,6 +36,8 @@ class ExplorerServiceConfig:
     max_new_tokens: int = doc(256, "New tokens per generation in exploration runs.")
     json_max_new_tokens: int = doc(1024, "New tokens per reflection (a JSON answer); the schema's bounds keep "
                                          "a complete answer within it.")
+    tool_docs: str = doc("full", "How exploration runs' system prompt lists the tools (full or signatures): as the "
+                                 "policy acting here was trained (the learner's tool_docs under run.shared_policy).")
     max_runs_per_period: int = doc(0, "Most exploration runs per period (0: no limit); the rest is skipped.")
     max_tokens_per_period: int = doc(0, "Most tokens (prompt and completion) per period (0: no limit).")
     max_seconds_per_period: float = doc(0.0, "Most wall time per period's exploration (0: no limit).")
@@ -149,7 +151,7 @@ class Explorer(Service):
             out = explore_static(plan, self.core, self.budget, self.task_ids)
         else:
             out = explore_plan(plan, self.backend, self.core, self.sampling, self.budget, model, self.task_ids,
-                               json_sampling=self.json_sampling)
+                               EpisodeLimits(tool_docs=self.cfg.tool_docs), json_sampling=self.json_sampling)
         self.m_skipped.labels("budget").inc(out.over_budget)
         self.m_runs.inc(out.runs)
         self.m_calls.inc(out.calls)

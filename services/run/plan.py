@@ -208,6 +208,10 @@ def make_plan(preset: str, overrides: list[str] = ()) -> Plan:
         if "model" in data.get(service, {}):
             raise ConfigError(f"{service}.model and run.shared_policy both choose the {service}'s model; drop "
                               f"one (--set run.shared_policy= gives the {service} its own)")
+        docs = data.get("learner", {}).get("tool_docs", "full")
+        if data.get(service, {}).get("tool_docs", "full") != docs:
+            raise ConfigError(f"the {service} acts with the learner's policy (run.shared_policy), trained on prompts "
+                              f"that list tools as {docs}: set {service}.tool_docs={docs}")
     for service in SERVICE_CONFIGS:
         for cls in _classes(service):  # each process would refuse a bad value; refuse it before starting any
             load(cls, service, environ=plan.env(service))

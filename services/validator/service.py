@@ -49,6 +49,8 @@ class ValidatorServiceConfig:
     json_max_new_tokens: int = doc(1024, "New tokens per abstraction (a JSON answer); the schema's bounds keep "
                                          "a complete answer within it.")
     attempt_calls_per_turn: int = doc(10, "Most tool calls per user turn in the dual-pass attempt.")
+    tool_docs: str = doc("full", "How the attempts' system prompt lists the tools (full or signatures): as the "
+                                 "policy acting here was trained (the learner's tool_docs under run.shared_policy).")
     idle_exit_seconds: float = doc(0.0, "Stop after this long with nothing to read or check; 0 runs until signalled.")
     metrics_port: int = doc(-1, "Port of /healthz and /metrics; 0 picks one, -1 disables.")
     metrics_host: str = doc("127.0.0.1", "Address /healthz and /metrics listen on (0.0.0.0 in a pod).")
@@ -78,7 +80,7 @@ class Validator(Service):
                                        seed=backend_cfg.seed)
         self.attempt_sampling = SamplingConfig(temperature=cfg.attempt_temperature, max_new_tokens=cfg.max_new_tokens,
                                                seed=backend_cfg.seed)
-        self.limits = EpisodeLimits(max_calls_per_turn=cfg.attempt_calls_per_turn)
+        self.limits = EpisodeLimits(max_calls_per_turn=cfg.attempt_calls_per_turn, tool_docs=cfg.tool_docs)
         self.index: NoveltyIndex | None = None
         self.judged: dict[str, str] = {}  # task id -> its verdict, from coevolve.tasks and this process
         self.delivered: dict = {}

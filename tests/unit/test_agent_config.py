@@ -23,6 +23,8 @@ def test_bad_backend_settings_fail_with_a_fix():
         SamplingConfig(top_p=0)
     with pytest.raises(ConfigError, match="max_user_turns=0"):
         EpisodeLimits(max_user_turns=0)
+    with pytest.raises(ConfigError, match="tool_docs='short': choose one of full, signatures"):
+        EpisodeLimits(tool_docs="short")
 
 
 def test_the_model_cache_folder_comes_from_coevolve_home(tmp_path):

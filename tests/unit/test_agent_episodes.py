@@ -142,6 +142,13 @@ def test_the_user_turn_limit_ends_the_episode_and_says_so(tokenizer, task):
     assert episode.turns == 2 and episode.score == 0.5 and not episode.success
 
 
+def test_episodes_list_the_tools_as_the_limits_say(tokenizer, task):
+    backend = ScriptedBackend(tokenizer, reference_script(task))
+    run_episodes([task], "bfcl", backend, SAMPLING, EpisodeLimits(tool_docs="signatures", max_context_tokens=ROOM))
+    system = backend.batches[0][0].messages[0]["content"]
+    assert "cd(folder: string): Change the current working directory" in system and '"name": "cd"' not in system
+
+
 def test_the_calls_per_turn_limit_ends_the_episode_and_says_so(tokenizer, task):
     backend = ScriptedBackend(tokenizer, reference_script(task))
     (episode,) = run_episodes([task], "bfcl", backend, SAMPLING, EpisodeLimits(max_calls_per_turn=2, max_context_tokens=ROOM))

@@ -34,6 +34,18 @@ def test_reset_gives_system_prompt_with_tools_then_first_user_turn():
     assert user == {"role": "user", "content": t.turns[0]}
 
 
+def test_signatures_list_each_tool_on_one_line_in_a_fraction_of_the_prompt():
+    t = task()
+    full, _ = BfclEnv().reset(t)
+    short, user = make_env("bfcl", tool_docs="signatures").reset(t)
+    assert "mkdir(dir_name: string): " in short["content"] and '"name": "mkdir"' not in short["content"]
+    assert "post_tweet(content: string, tags: array = None, mentions: array = None): Post a tweet" in short["content"]
+    assert "This tool belongs to" not in short["content"] and short["tools"] == full["tools"]
+    assert len(short["content"]) < len(full["content"]) / 3 and user["content"] == t.turns[0]
+    with pytest.raises(ConfigError, match="tool_docs='yaml': choose one of full, signatures"):
+        make_env("bfcl", tool_docs="yaml")
+
+
 def test_reference_calls_pass_every_turn_and_observations_follow_the_turns():
     t = task()
     env = make_env("bfcl")

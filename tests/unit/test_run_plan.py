@@ -77,6 +77,11 @@ def test_shared_policy_names_only_the_explorer_or_validator_and_does_not_fight_t
         make_plan("smoke", ["validator.model=tiny-random"])
     assert make_plan("smoke", ["validator.model=tiny-random", "run.shared_policy=explorer"]).run.sharing == (
         "explorer",)
+    with pytest.raises(ConfigError, match="the explorer acts with the learner's policy .* set explorer.tool_docs="
+                                          "signatures"):
+        make_plan("smoke", ["learner.tool_docs=signatures", "validator.tool_docs=signatures"])
+    docs = ["learner.tool_docs=signatures", "explorer.tool_docs=signatures", "validator.tool_docs=signatures"]
+    assert make_plan("smoke", docs).sections["validator"]["tool_docs"] == "signatures"
 
 
 def test_restarts_are_budgeted_per_window_with_a_backoff_and_checked():

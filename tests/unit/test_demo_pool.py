@@ -1,0 +1,41 @@
+"""The demo preset's own learner settings: a task validated during a step joins the pool before the next
+step, and that step draws it (fresh_first), so the loop's last edge closes within the demo's three steps."""
+from coevolve.services.agent.config import BackendConfig, EpisodeLimits
+from coevolve.services.learner.config import GRPOConfig, LearnerConfig, SamplerConfig, WarmupConfig
+from coevolve.services.learner.sampler import load_problem
+from coevolve.services.learner.service import Learner
+from coevolve.services.run.plan import make_plan
+from coevolve.services.runtime.config import load
+
+
+def demo_learner() -> Learner:
+    plan = make_plan("demo")
+    env = plan.env("learner")
+    configs = [load(cls, "learner", environ=env) for cls in (LearnerConfig, GRPOConfig, SamplerConfig,
+                                                                BackendConfig, EpisodeLimits, WarmupConfig)]
+    cfg, grpo, sampler, backend, limits, warmup = configs
+    return Learner(cfg, grpo, sampler, backend, limits, warmup=warmup)
+
+
+def validated(seed, task_id: str) -> dict:
+    """What the validator publishes for a one-turn task abstracted from explorations of `seed`."""
+    return {**seed.to_record(), "task_id": task_id, "instruction_turns": [seed.turns[0]],
+            "reference_solution": [list(seed.reference[0])], "verdict": "validated", "source": "synthesized"}
+
+
+def test_the_demo_pool_takes_a_validated_task_between_steps_and_the_next_step_draws_it():
+    learner = demo_learner()
+    pool = learner._pool()
+    b = learner.cfg.batch_tasks
+    assert learner.sampler_cfg.fresh_first and pool.size == learner.cfg.seed_tasks == 16
+    pool.refresh(1)
+    first = pool.draw(b)
+    assert all(d.source == "seed" for d in first)
+    seed = next(iter(pool.seed.values()))
+    pool.offer(validated(seed, "synthesized_demo"))  # arrives while step 1 runs
+    assert pool.size == 16
+    pool.refresh(2)
+    assert pool.size == 17 and load_problem(pool.synthesized["synthesized_demo"][0]) is None
+    second = pool.draw(b)
+    assert [d.task.task_id for d in second if d.source == "synthesized"] == ["synthesized_demo"]
+    assert len(second) == b and len({d.task.task_id for d in second}) == b
