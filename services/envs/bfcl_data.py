@@ -5,12 +5,13 @@ imports its inference or evaluation code.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from coevolve.services.envs.base import Task
 
@@ -106,6 +107,14 @@ def load_tasks(categories: Iterable[str] = (SPLIT_CATEGORY,), split: str = "all"
         raise ValueError(f"split must be train, test or all, not {split!r}")
     return [t for c in categories for t in load_category(c)
             if split == "all" or split_of(t.task_id, seed) == split]
+
+
+def seed_pool(categories: Sequence[str], count: int = 0) -> list[Task]:
+    """The train tasks of `categories`, interleaved so that the first `count` (0: all) keep each
+    category's share: the learner's seed pool, and what random exploration draws from."""
+    by_category = [load_tasks([c], split="train") for c in categories]
+    seeds = [t for group in itertools.zip_longest(*by_category) for t in group if t is not None]
+    return seeds[:count] if count else seeds
 
 
 @lru_cache(maxsize=None)

@@ -38,6 +38,9 @@ class ExplorerConfig:
     calls_per_run: int = doc(8, "S: most tool calls in one exploration run.")
     random_seed: int = doc(0, "Seed of the random strategy; the same seed gives the same calls.")
     parse_attempts: int = doc(3, "Model answers tried per reflection before the signal is dead-lettered.")
+    categories: str = doc("multi_turn_base", "Comma-separated BFCL categories whose train tasks the random and "
+                                             "static strategies and the fallback explore: the learner's.")
+    seed_tasks: int = doc(0, "Of those, the first N as the learner takes them (its seed_tasks); 0 takes all.")
     static_tasks: int = doc(4, "static: seed train tasks explored by random valid calls once, when the service "
                                "starts (recorded at step 0 as strategy static).")
     fallback_tasks: int = doc(0, "When a period's exploration finds no call that succeeds (no signal explored, "
@@ -58,6 +61,9 @@ class ExplorerConfig:
                 raise ConfigError(f"{name}={getattr(self, name)} must be at least 1")
         if self.step_window_s <= 0:
             raise ConfigError(f"step_window_s={self.step_window_s} must be positive")
+        if self.seed_tasks < 0 or not self.categories.strip():
+            raise ConfigError(f"categories={self.categories!r} must name a BFCL category and seed_tasks="
+                              f"{self.seed_tasks} be >= 0 (0 takes all)")
         if self.step_grace_s < 0 or self.fallback_tasks < 0:
             raise ConfigError(f"step_grace_s={self.step_grace_s} and fallback_tasks={self.fallback_tasks} "
                               "must be >= 0")

@@ -95,10 +95,11 @@ class Explorer(Service):
 
     def start(self) -> None:
         from coevolve.services.agent.backends import make_backend
-        from coevolve.services.envs.bfcl_data import load_tasks
+        from coevolve.services.envs.bfcl_data import seed_pool
 
         cfg = self.cfg
-        self.task_ids = [t.task_id for t in load_tasks(split="train")]
+        categories = [c.strip() for c in self.core.categories.split(",") if c.strip()]
+        self.task_ids = [t.task_id for t in seed_pool(categories, self.core.seed_tasks)]
         if self.core.strategy == "signal-guided":  # the random and static strategies read no model
             self.backend = make_backend(self.backend_cfg)
         self.producer = EventProducer(cfg.kafka_bootstrap, client_id="coevolve-explorer")

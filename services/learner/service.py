@@ -28,7 +28,6 @@ dead-letters an arrival (`task_unloadable` on coevolve.deadletter, the TaskCheck
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -166,14 +165,9 @@ class Learner(Service):
                       mean_score=evaluation["mean_score"], tasks=evaluation["task_count"])
 
     def _pool(self) -> TaskPool:
-        from coevolve.services.envs.bfcl_data import load_tasks
+        from coevolve.services.envs.bfcl_data import seed_pool
 
-        # Categories interleaved, so a cap on seed_tasks keeps each category's share.
-        by_category = [load_tasks([c], split="train") for c in self.cfg.category_list]
-        seeds = [t for group in itertools.zip_longest(*by_category) for t in group if t is not None]
-        if self.cfg.seed_tasks:
-            seeds = seeds[:self.cfg.seed_tasks]
-        return TaskPool(seeds, self.sampler_cfg, seed=self.grpo.seed)
+        return TaskPool(seed_pool(self.cfg.category_list, self.cfg.seed_tasks), self.sampler_cfg, seed=self.grpo.seed)
 
     def starting_policy(self) -> str:
         """The model the first rollouts come from: the warmed one (trained here on first use) when the

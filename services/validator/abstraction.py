@@ -6,6 +6,9 @@ answers with the user turns, each with its reference calls. By default (`group_s
 makes every reference call one of those explored calls and the task keeps the seed's classes and
 initial state; free mode lets the model write any call, name the classes and patch the state.
 `parse_proposal` checks an answer; `build_task` makes it a `Task` that runs exactly like a seed task.
+With `instructions = False` the model only chooses each turn's reference calls and `describe_calls`
+writes the instruction from the tools' own descriptions and the calls' arguments: for a model too small
+to say what the calls it chose do (SmolLM2-135M wrote "[1]" and "Train 2 (trading_logout())").
 
 `initial_state` is a JSON merge patch (RFC 7386) over the seed task's state, as JSON text: absent or
 empty keeps the seed's state, an object changes only the keys it names (null deletes one). Only the
@@ -20,7 +23,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from coevolve.services.envs import bfcl_data
 from coevolve.services.envs.base import Task
-from coevolve.services.envs.calls import Call
+from coevolve.services.envs.calls import Call, parse_action
 from coevolve.services.explorer.random_strategy import is_error_observation
 from coevolve.services.agent.structured import Parsed, clip, parse_structured
 
@@ -31,12 +34,13 @@ _MAX_CALLS_SHOWN = 60
 
 INSTRUCTION_CHARS = 240
 CALL_CHARS = 120
-CALLS_PER_TURN = 4
 PATCH_CHARS = 1000
 
 
-def task_schema(max_turns: int = 6, calls: Sequence[str] | None = None) -> dict[str, Any]:
-    """The JSON schema of a proposed task, with at most `max_turns` user turns.
+def task_schema(max_turns: int = 6, calls: Sequence[str] | None = None, instructions: bool = True,
+                max_calls: int = 4) -> dict[str, Any]:
+    """The JSON schema of a proposed task, with at most `max_turns` user turns of at most `max_calls`
+    reference calls each.
 
     Every string and array is bounded and each turn carries its own calls, so grammar-constrained
     decoding (vLLM) ends in a complete answer whatever the model: a random-weight one fills each string
@@ -45,19 +49,22 @@ def task_schema(max_turns: int = 6, calls: Sequence[str] | None = None) -> dict[
 
     With `calls` every reference call is one of them (the explored calls that succeeded) and the task
     keeps the seed's classes and initial state, the environment they succeeded in, so neither is asked
-    for: constrained decoding cannot then invent a call or pick a class that lacks one.
+    for: constrained decoding cannot then invent a call or pick a class that lacks one. Without
+    `instructions` a turn is its reference alone (`describe_calls` writes the instruction).
     """
     reference = {"enum": list(calls)} if calls is not None else {
         "type": "string", "minLength": 1, "maxLength": CALL_CHARS}
+    turn: dict[str, Any] = {
+        "instruction": {"type": "string", "minLength": 1, "maxLength": INSTRUCTION_CHARS,
+                        "description": "The user's message at this turn."},
+        "reference": {"type": "array", "minItems": 1, "maxItems": max_calls, "items": reference,
+                      "description": "The calls that solve this turn, in BFCL call syntax."},
+    }
+    if not instructions:
+        del turn["instruction"]
     properties: dict[str, Any] = {
         "turns": {"type": "array", "minItems": 1, "maxItems": max_turns, "items": {
-            "type": "object", "additionalProperties": False, "required": ["instruction", "reference"],
-            "properties": {
-                "instruction": {"type": "string", "minLength": 1, "maxLength": INSTRUCTION_CHARS,
-                                "description": "The user's message at this turn."},
-                "reference": {"type": "array", "minItems": 1, "maxItems": CALLS_PER_TURN, "items": reference,
-                              "description": "The calls that solve this turn, in BFCL call syntax."},
-            }}},
+            "type": "object", "additionalProperties": False, "required": list(turn), "properties": turn}},
     }
     if calls is not None:
         return {"type": "object", "additionalProperties": False, "required": ["turns"], "properties": properties}
@@ -93,13 +100,39 @@ def successful_calls(explorations: Iterable[Mapping[str, Any]]) -> list[tuple[st
 
 
 def group_schema(explorations: Sequence[Mapping[str, Any]], seed: Task, max_turns: int = 6,
-                 from_exploration: bool = True) -> dict[str, Any] | None:
+                 from_exploration: bool = True, instructions: bool = True, max_calls: int = 4) -> dict[str, Any] | None:
     """The schema of the task proposed from one group: references taken from its explored calls that
     succeeded (`from_exploration`), or free; None when there is no such call to take one from."""
     if not from_exploration:
-        return task_schema(max_turns)
+        return task_schema(max_turns, instructions=instructions, max_calls=max_calls)
     calls = [call for call, _ in successful_calls(explorations)[:_MAX_CALLS_SHOWN]]
-    return task_schema(max_turns, calls) if calls else None
+    return task_schema(max_turns, calls, instructions, max_calls) if calls else None
+
+
+def _what_it_does(name: str, classes: Sequence[str]) -> str:
+    """A tool's own description, its class preamble dropped, as a clause: "change the current ... folder"."""
+    for cls in classes:
+        for doc in bfcl_data.function_docs(cls):
+            if doc["name"] == name:
+                text = doc["description"].split("Tool description:")[-1].strip()
+                first = text.split(". ")[0].rstrip(". ")
+                return first[:1].lower() + first[1:]
+    return f"call {name}"
+
+
+def describe_calls(calls: Sequence[str], classes: Sequence[str]) -> str:
+    """A user instruction for a turn from its reference calls: what each tool does, with the arguments,
+    e.g. "Please change the current working directory to the specified folder (folder='document')."."""
+    parts = []
+    for source in calls:
+        parsed = parse_action([source]).calls
+        call = parsed[0] if len(parsed) == 1 and isinstance(parsed[0], Call) else None
+        if call is None:
+            parts.append(f"run {source}")
+            continue
+        args = ", ".join(f"{k}={v!r}" for k, v in call.kwargs.items())
+        parts.append(_what_it_does(call.name, classes) + (f" ({args})" if args else ""))
+    return "Please " + ", then ".join(dict.fromkeys(parts)) + "."
 
 
 def abstraction_messages(explorations: Sequence[Mapping[str, Any]], seed: Task,
@@ -114,11 +147,14 @@ def abstraction_messages(explorations: Sequence[Mapping[str, Any]], seed: Task,
     lines.extend(f"Exploration context: {c}" for c in contexts)
     lines.append("Explored calls that succeeded, from the initial state:")
     lines.extend(f"  {call} -> {clip(obs, _OBSERVATION_CHARS)}" for call, obs in calls)
+    schema = schema or task_schema()
+    asks = "instruction" in schema["properties"]["turns"]["items"]["properties"]
+    turn = ("has the user's instruction and its reference" if asks else "is its reference") + \
+        ": a list of calls in BFCL call syntax, taken from the explored calls that succeeded"
     system = ("You write new training tasks for a tool-using agent from what exploration found. Write a "
-              "task a user would ask, different from the seed task, that the explored calls solve. Each "
-              "turn has the user's instruction and its reference: a list of calls in BFCL call syntax, "
-              "taken from the explored calls that succeeded. Answer with one JSON object that fits this "
-              "JSON schema, and nothing else:\n" + json.dumps(schema or task_schema()))
+              f"task a user would ask, different from the seed task, that the explored calls solve. Each turn "
+              f"{turn}. Answer with one JSON object that fits this JSON schema, and nothing else:\n"
+              + json.dumps(schema))
     return [{"role": "system", "content": system}, {"role": "user", "content": "\n".join(lines)}]
 
 
@@ -170,7 +206,8 @@ def build_task(proposal: Mapping[str, Any], seed: Task, task_id: str) -> tuple[T
     state = merge_patch(dict(seed.initial_state), patch)
     classes = tuple(dict.fromkeys(proposal.get("involved_classes") or seed.involved_classes))
     turns = proposal["turns"]
-    task = Task(task_id=task_id, turns=tuple(t["instruction"] for t in turns),
+    task = Task(task_id=task_id, turns=tuple(t.get("instruction") or describe_calls(t["reference"], classes)
+                                             for t in turns),
                 initial_state={c: state[c] for c in classes if c in state}, involved_classes=classes,
                 reference=tuple(tuple(t["reference"]) for t in turns), env=seed.env)
     return task, problem

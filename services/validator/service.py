@@ -203,6 +203,9 @@ class Validator(Service):
             self.producer.send(TASKS.name, result.record, key=result.record["task_id"])
             self.judged[str(result.record["task_id"])] = str(result.record["verdict"])
             verdict = result.verdict
+            self.log.info("validator.verdict", task_id=result.record["task_id"], verdict=result.record["verdict"],
+                          stage=verdict.stages[-1].stage, reason=verdict.reason, score=verdict.score,
+                          seed_task_id=result.record["seed_task_id"])
             self.m_verdicts.labels(result.record["verdict"], verdict.stages[-1].stage).inc()
             self.checked += 1
             self.validated += verdict.validated

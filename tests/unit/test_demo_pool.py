@@ -39,3 +39,14 @@ def test_the_demo_pool_takes_a_validated_task_between_steps_and_the_next_step_dr
     second = pool.draw(b)
     assert [d.task.task_id for d in second if d.source == "synthesized"] == ["synthesized_demo"]
     assert len(second) == b and len({d.task.task_id for d in second}) == b
+
+
+def test_the_demo_explorer_falls_back_on_the_learners_own_seed_tasks():
+    from coevolve.services.envs.bfcl_data import seed_pool
+    from coevolve.services.explorer.config import ExplorerConfig
+
+    plan = make_plan("demo")
+    explorer = load(ExplorerConfig, "explorer", environ=plan.env("explorer"))
+    mine = [t.task_id for t in seed_pool(explorer.categories.split(","), explorer.seed_tasks)]
+    assert set(mine) == set(demo_learner()._pool().seed) and len(set(mine)) == 16
+    assert {t.split("_")[-2] for t in mine} == {"base", "param"}  # both categories, interleaved

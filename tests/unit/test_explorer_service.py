@@ -144,3 +144,10 @@ def test_a_step_without_signals_falls_back_and_a_guided_period_falls_back_only_i
 def test_negative_period_limits_are_refused():
     with pytest.raises(ConfigError, match="period limits"):
         ExplorerServiceConfig(max_runs_per_period=-1)
+
+
+def test_the_task_pool_setting_is_checked():
+    with pytest.raises(ConfigError, match="seed_tasks=-1 be >= 0"):
+        ExplorerConfig(seed_tasks=-1)
+    with pytest.raises(ConfigError, match="must name a BFCL category"):
+        ExplorerConfig(categories=" ")

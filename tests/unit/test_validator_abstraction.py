@@ -6,9 +6,9 @@ import pytest
 
 from coevolve.services.envs import bfcl_data
 from coevolve.services.envs.bfcl import score_calls
-from coevolve.services.validator.abstraction import (abstraction_messages, build_task, group_schema, merge_patch,
-                                                     parse_proposal, successful_calls, synthesized_task_id,
-                                                     task_schema)
+from coevolve.services.validator.abstraction import (abstraction_messages, build_task, describe_calls, group_schema,
+                                                     merge_patch, parse_proposal, successful_calls,
+                                                     synthesized_task_id, task_schema)
 from coevolve.services.validator.groups import ExplorationGroups
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "abstraction"
@@ -144,3 +144,21 @@ def test_both_answer_schemas_bound_every_string_and_array():
     assert _bounded(group_schema([exploration()], SEED)) == []
     assert _bounded({"type": "object", "additionalProperties": False, "properties": {
         "a": {"type": "string"}, "b": {"type": "array", "items": {"type": "string", "maxLength": 3}}}}) == ["$.a", "$.b"]
+
+
+def test_without_model_instructions_the_schema_asks_only_for_calls_and_the_task_says_what_they_do():
+    schema = group_schema([exploration()], SEED, max_turns=1, instructions=False, max_calls=1)
+    turn = schema["properties"]["turns"]["items"]
+    assert turn["required"] == ["reference"] and "instruction" not in turn["properties"]
+    assert turn["properties"]["reference"]["maxItems"] == 1
+    assert "Each turn is its reference" in abstraction_messages([exploration()], SEED, schema)[0]["content"]
+    answer = json.dumps({"turns": [{"reference": ["cd(folder='document')"]}]})
+    proposal = parse_proposal(answer, schema).value
+    task, problem = build_task(proposal, SEED, "synthesized_described")
+    assert problem == "" and task.turns == (
+        "Please change the current working directory to the specified folder (folder='document').",)
+    assert score_calls(task, [list(task.reference[0])])["success"]
+    assert describe_calls(["cd(folder='document')", "ls()", "cd(folder='document')"], SEED.involved_classes) == (
+        "Please change the current working directory to the specified folder (folder='document'), then list the "
+        "contents of the current directory.")
+    assert describe_calls(["os.system('x')"], SEED.involved_classes) == "Please run os.system('x')."

@@ -154,7 +154,8 @@ def test_verdicts_become_task_checked_events_and_validated_tasks_replay_like_see
 
 
 @pytest.mark.parametrize("overrides,message", [({"similarity_threshold": 0.0}, "must be in \\(0, 100\\]"),
-                                               ({"max_turns": 0}, "max_turns=0 must be at least 1")])
+                                               ({"max_turns": 0}, "max_turns=0 must be at least 1"),
+                                               ({"instructions": "llm"}, "choose model or calls")])
 def test_invalid_validator_config_says_how_to_fix_it(overrides, message):
     with pytest.raises(ConfigError, match=message):
         ValidatorConfig(**overrides)

@@ -1,0 +1,91 @@
+"""`make run`, repeated: the `demo` preset end to end, each run in a fresh workdir, with its wall time,
+the machine's memory peak while it ran, and whether the loop closed (a validated task trained on).
+
+    python -m bench.bench_demo [--repeats 3] [--workdir DIR] [--cold]
+
+Memory is the machine's (MemTotal - MemAvailable, sampled every 0.5 s), the figure the bound on
+`make run` is about: every process of the run, the embedded broker and the page cache it cannot
+give back. `--cold` deletes the warmed policy before the first run (its conversion of SmolLM2 stays),
+so that run pays the warm-up as a fresh machine would. Each run's summary.json stays in DIR.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from bench.common import machine
+from coevolve.services.agent.config import default_home
+
+
+def used_mib() -> int:
+    fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    kib = int(fields["MemTotal"].split()[0]) - int(fields["MemAvailable"].split()[0])
+    return kib // 1024
+
+
+def run_once(workdir: Path) -> dict:
+    peak, done = [used_mib()], threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.5):
+            peak[0] = max(peak[0], used_mib())
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    started = time.monotonic()
+    coevolve = Path(sys.executable).parent / "coevolve"
+    proc = subprocess.run([str(coevolve), "run", "--preset", "demo", "--workdir", str(workdir)],
+                          capture_output=True, text=True)
+    seconds = time.monotonic() - started
+    done.set()
+    sampler.join()
+    out = {"exit_code": proc.returncode, "seconds": round(seconds, 1), "memory_peak_mib": peak[0],
+           "tail": proc.stdout[-1500:] + proc.stderr[-1500:]}
+    summary = workdir / "summary.json"
+    if summary.exists():
+        doc = json.loads(summary.read_text())
+        out |= {k: doc.get(k) for k in ("state", "tasks_validated", "synthesized_trained", "first_synthesized_step",
+                                        "loop_silent", "wall_seconds", "signals", "explorations")}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--workdir", type=Path, default=None, help="Where the runs go (default: a temporary folder).")
+    parser.add_argument("--cold", action="store_true", help="Warm the policy anew in the first run.")
+    args = parser.parse_args()
+    root = args.workdir or Path(tempfile.mkdtemp(prefix="bench-demo-"))
+    print(f"machine: {machine()}")
+    if args.cold:
+        for path in (default_home() / "models").glob("smollm2-135m-instruct-warm-*"):
+            shutil.rmtree(path, ignore_errors=True)
+    runs = []
+    for i in range(1, args.repeats + 1):
+        result = run_once(root / f"run-{i:02d}")
+        runs.append(result)
+        print(f"run {i}/{args.repeats}: exit {result['exit_code']}, {result['seconds']:.0f} s, memory peak "
+              f"{result['memory_peak_mib'] / 1024:.1f} GiB, validated {result.get('tasks_validated')}, synthesized "
+              f"rollouts trained on {result.get('synthesized_trained')} (first at step "
+              f"{result.get('first_synthesized_step')}), wall {result.get('wall_seconds')}", flush=True)
+        if result.get("loop_silent"):
+            print(f"  loop_silent: {result['loop_silent']}")
+        if result["exit_code"]:
+            print(result["tail"])
+    (root / "bench_demo.json").write_text(json.dumps({"machine": machine(), "runs": runs}, indent=2) + "\n")
+    closed = sum(bool(r.get("synthesized_trained")) for r in runs)
+    median = statistics.median(r["seconds"] for r in runs)
+    peak = max(r["memory_peak_mib"] for r in runs) / 1024
+    print(f"{closed} of {len(runs)} runs trained on a synthesized task; median {median:.0f} s, memory peak "
+          f"max {peak:.1f} GiB; runs in {root}")
+
+
+if __name__ == "__main__":
+    main()
