@@ -5,8 +5,9 @@ the machine's memory peak while it ran, and whether the loop closed (a validated
 
 Memory is the machine's (MemTotal - MemAvailable, sampled every 0.5 s), the figure the bound on
 `make run` is about: every process of the run, the embedded broker and the page cache it cannot
-give back. `--cold` deletes the warmed policy before the first run (its conversion of SmolLM2 stays),
-so that run pays the warm-up as a fresh machine would. Each run's summary.json stays in DIR.
+give back. `--cold` deletes the converted and the warmed SmolLM2 before the first run, so that run pays
+the conversion and the warm-up as a fresh machine would (the pip install apart). Each run's
+summary.json stays in DIR.
 """
 from __future__ import annotations
 
@@ -60,13 +61,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workdir", type=Path, default=None, help="Where the runs go (default: a temporary folder).")
-    parser.add_argument("--cold", action="store_true", help="Warm the policy anew in the first run.")
+    parser.add_argument("--cold", action="store_true", help="Convert and warm the policy anew in the first run.")
     args = parser.parse_args()
     root = args.workdir or Path(tempfile.mkdtemp(prefix="bench-demo-"))
     print(f"machine: {machine()}")
     if args.cold:
-        for path in (default_home() / "models").glob("smollm2-135m-instruct-warm-*"):
-            shutil.rmtree(path, ignore_errors=True)
+        for path in (default_home() / "models").glob("smollm2-135m-instruct*"):
+            if path.is_dir():
+                shutil.rmtree(path)
     runs = []
     for i in range(1, args.repeats + 1):
         result = run_once(root / f"run-{i:02d}")
