@@ -127,7 +127,7 @@ def collect(cell: Cell) -> dict[str, Any]:
     return {"seed": cell.seed, "run_id": summary["run_id"], "workdir": str(cell.workdir),
             "eval_success": final and final["success_rate"], "eval_score": final and final["mean_score"],
             "train_reward_last": _last(summary["train_reward"]), "tasks_validated": summary["tasks_validated"],
-            "signals": summary["signals"], "wall_seconds": round(sum(summary["wall_seconds"].values()), 1),
+            "synthesized_trained": summary.get("synthesized_trained"), "signals": summary["signals"], "wall_seconds": round(sum(summary["wall_seconds"].values()), 1),
             "evaluations": {e["step"]: e["mean_score"] for e in summary["evaluations"]}}
 
 

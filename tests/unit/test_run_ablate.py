@@ -67,7 +67,7 @@ def test_the_interval_is_students_t_over_seeds():
 def _summary(workdir, run_id, scores, validated=1, state="completed"):
     workdir.mkdir(parents=True)
     (workdir / "summary.json").write_text(json.dumps({
-        "run_id": run_id, "state": state, "tasks_validated": validated,
+        "run_id": run_id, "state": state, "tasks_validated": validated, "synthesized_trained": 4 * validated,
         "signals": {"forgetting": 0, "boundary": 1, "rare": 3}, "train_reward": {"1": 0.1, "2": 0.25},
         "wall_seconds": {"start": 10.0, "train": 50.5},
         "evaluations": [{"step": s, "success_rate": v / 2, "mean_score": v} for s, v in scores.items()]}))
@@ -84,7 +84,7 @@ def test_a_finished_cell_is_collected_and_the_table_says_what_cannot_be_separate
 
     row = ablate.collect(cells["random"][1])
     assert row == {"seed": 1, "run_id": "r1", "workdir": str(cells["random"][1].workdir), "eval_success": 0.25,
-                   "eval_score": 0.5, "train_reward_last": 0.25, "tasks_validated": 1,
+                   "eval_score": 0.5, "train_reward_last": 0.25, "tasks_validated": 1, "synthesized_trained": 4,
                    "signals": {"forgetting": 0, "boundary": 1, "rare": 3}, "wall_seconds": 60.5,
                    "evaluations": {2: 0.2, 3: 0.5}}
     rows = {"random": [ablate.collect(c) for c in cells["random"]],
