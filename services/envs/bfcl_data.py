@@ -164,14 +164,18 @@ def tools_added_at(task: Task, turn: int) -> list[dict[str, Any]]:
 TOOL_DOCS = ("full", "signatures")
 
 
+def tool_description(function: dict[str, Any]) -> str:
+    """What a function does, from its BFCL doc, the class preamble ("This tool belongs to...") dropped."""
+    return function.get("description", "").split("Tool description:")[-1].strip()
+
+
 def _signature(function: dict[str, Any]) -> str:
-    """`name(arg: type, optional: type = None): what it does` from BFCL's doc, the class preamble dropped."""
+    """`name(arg: type, optional: type = None): what it does` from BFCL's doc."""
     params = function.get("parameters") or {}
     required = set(params.get("required") or ())
     args = [f"{name}: {spec.get('type', 'any')}" + ("" if name in required else " = None")
             for name, spec in (params.get("properties") or {}).items()]
-    text = function.get("description", "")
-    return f"{function['name']}({', '.join(args)}): {text.split('Tool description:')[-1].strip()}"
+    return f"{function['name']}({', '.join(args)}): {tool_description(function)}"
 
 
 def tool_listing(tools: list[dict[str, Any]], docs: str = "full") -> str:

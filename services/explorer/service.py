@@ -67,6 +67,7 @@ class Explorer(Service):
                                        seed=backend_cfg.seed)
         self.json_sampling = dataclasses.replace(self.sampling, max_new_tokens=cfg.json_max_new_tokens)
         self.budget = Budget(cfg.max_runs_per_period, cfg.max_tokens_per_period, cfg.max_seconds_per_period)
+        self.limits = EpisodeLimits(tool_docs=cfg.tool_docs)  # a bad tool_docs fails here, not at the first period
         self.delivered: dict = {}
         self.backend = self.consumer = self.producer = None
         self.task_ids: list[str] = []
@@ -152,7 +153,7 @@ class Explorer(Service):
             out = explore_static(plan, self.core, self.budget, self.task_ids)
         else:
             out = explore_plan(plan, self.backend, self.core, self.sampling, self.budget, model, self.task_ids,
-                               EpisodeLimits(tool_docs=self.cfg.tool_docs), json_sampling=self.json_sampling)
+                               self.limits, json_sampling=self.json_sampling)
         self.m_skipped.labels("budget").inc(out.over_budget)
         self.m_runs.inc(out.runs)
         self.m_calls.inc(out.calls)

@@ -114,8 +114,7 @@ def _what_it_does(name: str, classes: Sequence[str]) -> str:
     for cls in classes:
         for doc in bfcl_data.function_docs(cls):
             if doc["name"] == name:
-                text = doc["description"].split("Tool description:")[-1].strip()
-                first = text.split(". ")[0].rstrip(". ")
+                first = bfcl_data.tool_description(doc).split(". ")[0].rstrip(". ")
                 return first[:1].lower() + first[1:]
     return f"call {name}"
 
