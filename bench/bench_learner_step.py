@@ -28,7 +28,7 @@ from bench.common import machine
 from coevolve.services.agent.config import BackendConfig, EpisodeLimits
 from coevolve.services.kafka.embedded import EmbeddedBroker
 from coevolve.services.kafka.topics import create_topics
-from coevolve.services.learner.config import GRPOConfig, LearnerConfig, SamplerConfig
+from coevolve.services.learner.config import GRPOConfig, LearnerConfig, LearnerSettings
 from coevolve.services.learner.service import Learner
 
 PHASES = ("rollout", "scoring", "training", "push", "publish", "blocked")
@@ -56,13 +56,14 @@ def main() -> None:
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as workdir:
         create_topics(broker.bootstrap)
         cfg = LearnerConfig(kafka_bootstrap=broker.bootstrap, workdir=workdir, steps=args.steps,
-                            batch_tasks=args.batch_tasks, group_size=args.group_size, checkpoint_every=10**6)
+                            batch_tasks=args.batch_tasks, group_size=args.group_size, checkpoint_every=10**6,
+                            max_new_tokens=args.max_new_tokens)
         grpo = GRPOConfig(lr=1e-6, temperature=1.0, micro_batch_size=1, autocast=args.autocast,
                           gradient_checkpointing=args.gradient_checkpointing)
         backend = BackendConfig(model=args.model, backend=args.backend)
         limits = EpisodeLimits(max_user_turns=args.user_turns)
         reward = parity if args.reward == "parity" else None
-        learner = Learner(cfg, grpo, SamplerConfig(), backend, limits, args.max_new_tokens, reward=reward)
+        learner = Learner(LearnerSettings(cfg, grpo, backend=backend, limits=limits), reward=reward)
         records = []
         started = time.monotonic()
         learner.start()

@@ -24,10 +24,10 @@ MetricsHostOpt = typer.Option(None, help="Address of /healthz and /metrics (127.
 
 def _load(cls, service: str, overrides: dict):
     """A service's config from defaults, environment and flags; a bad value is a usage error."""
-    from coevolve.services.runtime.config import ConfigError, load
+    from coevolve.services.runtime.config import ConfigError, assemble
 
     try:
-        return load(cls, service, overrides)
+        return assemble(cls, service, overrides)
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from None
 
@@ -557,7 +557,6 @@ def learner(
     steps: Optional[int] = typer.Option(None, help="Training steps to complete (10)."),
     model: Optional[str] = ModelOpt,
     backend: Optional[str] = typer.Option(None, help="Rollout backend: vllm (default) or transformers."),
-    base_url: Optional[str] = BaseUrlOpt,
     max_new_tokens: Optional[int] = MaxTokensOpt,
     metrics_port: Optional[int] = MetricsPortOpt, metrics_host: Optional[str] = MetricsHostOpt,
     policy_only: bool = typer.Option(False, "--policy-only", help="Print the starting policy's model (the "
@@ -565,31 +564,24 @@ def learner(
 ) -> None:
     """Train the agent with GRPO on the seed tasks and the loop's validated tasks; publish every step.
 
-    Every field of LearnerConfig, SamplerConfig, GRPOConfig, WarmupConfig, BackendConfig, EpisodeLimits
-    and SamplingConfig is also read from LEARNER_<FIELD> (README: `coevolve learner`)."""
-    from coevolve.services.agent.config import BackendConfig, EpisodeLimits, SamplingConfig
-    from coevolve.services.learner.config import GRPOConfig, LearnerConfig, SamplerConfig, WarmupConfig
+    Every field of LearnerSettings (services/learner/config.py) is also read from LEARNER_<FIELD>."""
+    from coevolve.services.learner.config import LearnerSettings
     from coevolve.services.learner.service import Learner
     from coevolve.services.runtime.config import ConfigError
 
-    cfg = _load(LearnerConfig, "learner", dict(
+    settings = _load(LearnerSettings, "learner", dict(
         kafka_bootstrap=bootstrap, workdir=workdir, run_id=run_id, resume=True if resume else None, steps=steps,
-        metrics_port=metrics_port, metrics_host=metrics_host))
-    grpo = _load(GRPOConfig, "learner", {})
-    sampler = _load(SamplerConfig, "learner", {})
-    warmup = _load(WarmupConfig, "learner", {})
-    backend_cfg = _load(BackendConfig, "learner", {"model": model, "backend": backend, "base_url": base_url})
-    limits = _load(EpisodeLimits, "learner", {})
-    sampling = _load(SamplingConfig, "learner", {"max_new_tokens": max_new_tokens})
+        model=model, backend=backend, max_new_tokens=max_new_tokens, metrics_port=metrics_port,
+        metrics_host=metrics_host))
     try:
-        service = Learner(cfg, grpo, sampler, backend_cfg, limits, sampling.max_new_tokens, warmup=warmup)
+        service = Learner(settings)
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from None
     if policy_only:
         print(service.starting_policy(), flush=True)
         return
     service.serve_until_signalled()
-    print(f"learner {service.run_id} completed step {service.done} of {cfg.steps}", flush=True)
+    print(f"learner {service.run_id} completed step {service.done} of {settings.learner.steps}", flush=True)
 
 
 def main() -> None:

@@ -1,17 +1,19 @@
 """The learner's training settings: one frozen dataclass, layered like every service's config.
 
-`load(GRPOConfig, "learner")` reads `LEARNER_LR`, then `LR`, then the default (services/config.py).
+`assemble(LearnerSettings, "learner")` reads `LEARNER_LR`, then `LR`, then the default
+(services/runtime/config.py); the learner's one `seed` is BackendConfig's (engine, sampling, torch).
 Defaults are the paper's where it gives one (clip 0.20 / 0.28, KL beta 1e-3 is its `paper` preset;
 beta 0 here so no reference model is loaded unless asked) and CPU-sized otherwise.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from coevolve.services.agent.config import BackendConfig, EpisodeLimits
 from coevolve.services.agent.precision import AUTOCASTS
-from coevolve.services.runtime.config import ConfigError, doc
+from coevolve.services.runtime.config import ConfigError, ServiceConfig, Settings, doc
 from coevolve.services.learner.grpo import LOSS_AGG_MODES
 
 REWARDS = ("binary", "partial")
@@ -37,7 +39,6 @@ class GRPOConfig:
                               "once (exact; packing.py); off trains each rollout as its own padded row.")
     gradient_checkpointing: bool = doc(False, "Recompute each layer's activations in the backward pass instead of "
                                        "keeping them (about a third more compute, far less memory on long episodes).")
-    seed: int = doc(0, "Seed of torch's generator for the learner.")
     autocast: str = doc("off", "Mixed precision of the forward and backward: off (float32), bf16 (torch.autocast; "
                         "weights and optimizer stay float32), or auto (bf16 where the device computes it "
                         "natively, else off).")
@@ -140,10 +141,9 @@ class SamplerConfig:
 
 
 @dataclass(frozen=True)
-class LearnerConfig:
-    """Broker, run, batch shape, checkpoints and evaluation of `coevolve learner`."""
+class LearnerConfig(ServiceConfig):
+    """Run, batch shape, rollouts, checkpoints and evaluation of `coevolve learner`."""
 
-    kafka_bootstrap: str = doc("127.0.0.1:9092", "Kafka bootstrap address HOST:PORT.")
     workdir: Path = doc(Path(".coevolve/learner"), "Where checkpoints are kept.")
     run_id: str = doc("", "Run id stamped on every event; empty: run-<UTC time> (a resumed run keeps its own).")
     resume: bool = doc(False, "Continue the run in workdir from its latest checkpoint (fresh if there is none).")
@@ -161,11 +161,10 @@ class LearnerConfig:
     dynamic_sampling: bool = doc(False, "Replace groups whose K rewards are all equal with new draws (DAPO).")
     max_resample: int = doc(2, "Dynamic sampling: rounds of redraws per step at most.")
     in_flight: int = doc(64, "Episodes run at once; their generations are batched.")
-    metrics_port: int = doc(-1, "Port of /healthz and /metrics; 0 picks one, -1 disables.")
-    metrics_host: str = doc("127.0.0.1", "Address /healthz and /metrics listen on (0.0.0.0 in a pod).")
+    max_new_tokens: int = doc(256, "New tokens per generation of a rollout or an evaluation episode.")
 
     def __post_init__(self) -> None:
-        for name in ("batch_tasks", "group_size", "checkpoint_every", "in_flight"):
+        for name in ("batch_tasks", "group_size", "checkpoint_every", "in_flight", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)} must be at least 1")
         for name in ("steps", "seed_tasks", "eval_every", "eval_tasks", "max_resample", "keep_checkpoints"):
@@ -179,3 +178,15 @@ class LearnerConfig:
     @property
     def category_list(self) -> list[str]:
         return [c.strip() for c in self.categories.split(",") if c.strip()]
+
+
+@dataclass(frozen=True)
+class LearnerSettings(Settings):
+    """Everything `coevolve learner` reads, each key `LEARNER_<FIELD>` or `learner.<field>` in a preset."""
+
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    warmup: WarmupConfig = field(default_factory=WarmupConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    limits: EpisodeLimits = field(default_factory=EpisodeLimits)

@@ -37,7 +37,6 @@ class Engine:
     """The step loop shared by every engine; subclasses own the optimizer and the backward."""
 
     def __init__(self, model: torch.nn.Module, config: GRPOConfig, pad_id: int = 0) -> None:
-        torch.manual_seed(config.seed)
         self.config = config
         self.pad_id = pad_id
         self.steps = 0

@@ -35,12 +35,12 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from coevolve.services.agent.config import BackendConfig, EpisodeLimits, SamplingConfig
+from coevolve.services.agent.config import SamplingConfig
 from coevolve.services.agent.episodes import EpisodesStopped
 from coevolve.services.kafka.topics import DEADLETTER, EVALUATIONS, STEPS, TASKS, TRAJECTORIES
 from coevolve.services.learner import checkpoint as ckpt
 from coevolve.services.learner import journal
-from coevolve.services.learner.config import GRPOConfig, LearnerConfig, SamplerConfig, WarmupConfig
+from coevolve.services.learner.config import LearnerConfig, LearnerSettings
 from coevolve.services.learner.evaluation import due, evaluate
 from coevolve.services.learner.sampler import TaskFeed, TaskPool
 from coevolve.services.learner.step import Reward, StepResult, StepRunner
@@ -75,20 +75,18 @@ class Learner(Service):
     commits = False  # it consumes no offsets: the task feed rereads its compacted topic at every start
     stale_s = 3600.0  # a CPU step can take minutes; the loop beats once per step
 
-    def __init__(self, cfg: LearnerConfig, grpo: GRPOConfig, sampler: SamplerConfig, backend_cfg: BackendConfig,
-                 limits: EpisodeLimits | None = None, max_new_tokens: int = 256, reward: Reward | None = None,
-                 warmup: WarmupConfig | None = None):
-        super().__init__(cfg)
-        if backend_cfg.backend == "openai":
+    def __init__(self, settings: LearnerSettings, reward: Reward | None = None):
+        super().__init__(settings.learner)
+        if settings.backend.backend == "openai":
             raise ConfigError("the learner trains the rollout policy in-process: use --backend vllm or "
                               "transformers (openai serves fixed weights)")
-        self.grpo, self.sampler_cfg, self.backend_cfg = grpo, sampler, backend_cfg
-        self.warmup = warmup or WarmupConfig()
-        self.limits = limits or EpisodeLimits()
-        self.sampling = SamplingConfig(temperature=grpo.temperature, top_p=1.0, max_new_tokens=max_new_tokens,
-                                       seed=backend_cfg.seed)
+        self.cfg: LearnerConfig = settings.learner
+        self.grpo, self.sampler_cfg, self.backend_cfg = settings.grpo, settings.sampler, settings.backend
+        self.warmup, self.limits = settings.warmup, settings.limits
+        self.sampling = SamplingConfig(temperature=self.grpo.temperature, max_new_tokens=self.cfg.max_new_tokens,
+                                       seed=self.backend_cfg.seed)
         self.reward = reward
-        self.run_id, self.resumed = resolve_run(cfg)
+        self.run_id, self.resumed = resolve_run(self.cfg)
         self.done = self.resumed.step if self.resumed else 0
         self.checkpointed = self.done
         self.pool_state: dict[str, Any] | None = None  # the pool after the last completed step
@@ -167,7 +165,8 @@ class Learner(Service):
     def _pool(self) -> TaskPool:
         from coevolve.services.envs.bfcl_data import seed_pool
 
-        return TaskPool(seed_pool(self.cfg.category_list, self.cfg.seed_tasks), self.sampler_cfg, seed=self.grpo.seed)
+        return TaskPool(seed_pool(self.cfg.category_list, self.cfg.seed_tasks), self.sampler_cfg,
+                        seed=self.backend_cfg.seed)
 
     def starting_policy(self) -> str:
         """The model the first rollouts come from: the warmed one (trained here on first use) when the
@@ -182,7 +181,7 @@ class Learner(Service):
         from coevolve.services.learner.warmup import warm_model
 
         base = self.backend_cfg.model
-        path = warm_model(base, self.backend_cfg.coevolve_home, self.warmup, self.grpo,
+        path = warm_model(base, self.backend_cfg.coevolve_home, self.warmup, self.grpo, self.backend_cfg.seed,
                           list(self.pool.seed.values()), self.limits)
         self.backend_cfg = dataclasses.replace(self.backend_cfg, model=str(path))
         self.log.info("learner.warmed", base=base, model=str(path))
@@ -195,6 +194,7 @@ class Learner(Service):
         from coevolve.services.learner.engines import build_engine
 
         model_dir = resolve_model(self.backend_cfg.model, self.backend_cfg.coevolve_home)
+        torch.manual_seed(self.backend_cfg.seed)
         policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         pad = self.backend.tokenizer.pad_token_id
         return build_engine(policy, self.grpo, pad if pad is not None else 0)

@@ -92,28 +92,29 @@ def reference_examples(tasks: Sequence[Task], template: Any, limits: EpisodeLimi
     return examples, left_out
 
 
-def warm_key(base: Path, warm: WarmupConfig, grpo: GRPOConfig, tasks: Sequence[Task], limits: EpisodeLimits) -> str:
+def warm_key(base: Path, warm: WarmupConfig, grpo: GRPOConfig, seed: int, tasks: Sequence[Task],
+             limits: EpisodeLimits) -> str:
     """A hash of everything that shapes the warmed weights."""
     marker = base / "coevolve-model.json"
     identity = marker.read_text() if marker.is_file() else (base / "config.json").read_text()
     autocast = "bf16" if autocast_bf16(grpo.autocast, "cpu") else "off"  # as resolved on this machine
-    blob = json.dumps({"recipe": RECIPE, "base": identity, "warmup": asdict(warm), "seed": grpo.seed,
+    blob = json.dumps({"recipe": RECIPE, "base": identity, "warmup": asdict(warm), "seed": seed,
                        "autocast": autocast, "tasks": [t.task_id for t in tasks],
                        "limits": asdict(limits)}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def warm_model(base_name: str, home: Path, warm: WarmupConfig, grpo: GRPOConfig, tasks: Sequence[Task],
+def warm_model(base_name: str, home: Path, warm: WarmupConfig, grpo: GRPOConfig, seed: int, tasks: Sequence[Task],
                limits: EpisodeLimits) -> Path:
     """The warmed model's directory, trained on first use."""
     from coevolve.services.agent.models import cached_model, resolve_model
 
     base = resolve_model(base_name, home)
-    name = f"{base.name}-warm-{warm_key(base, warm, grpo, tasks, limits)}"
-    return cached_model(home, name, lambda out, _home: train(base, out, warm, grpo, tasks, limits))
+    name = f"{base.name}-warm-{warm_key(base, warm, grpo, seed, tasks, limits)}"
+    return cached_model(home, name, lambda out, _home: train(base, out, warm, grpo, seed, tasks, limits))
 
 
-def train(base: Path, out: Path, warm: WarmupConfig, grpo: GRPOConfig, tasks: Sequence[Task],
+def train(base: Path, out: Path, warm: WarmupConfig, grpo: GRPOConfig, seed: int, tasks: Sequence[Task],
           limits: EpisodeLimits) -> str:
     """Fine-tune `base` on the reference episodes and save it (with its tokenizer) into `out`."""
     import torch
@@ -129,13 +130,13 @@ def train(base: Path, out: Path, warm: WarmupConfig, grpo: GRPOConfig, tasks: Se
     if not examples:
         raise RuntimeError(f"no reference episode of the {len(tasks)} seed tasks passed in the environment, so "
                            "there is nothing to warm up on; set learner.warmup_steps=0 or add scored tasks")
-    torch.manual_seed(grpo.seed)
+    torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     if grpo.gradient_checkpointing and not warm.warmup_window:  # windows are short
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=warm.warmup_lr, weight_decay=0.0)
-    order = _batches(len(examples), warm.warmup_batch, warm.warmup_steps, grpo.seed)
+    order = _batches(len(examples), warm.warmup_batch, warm.warmup_steps, seed)
     losses, started = [], time.perf_counter()
     log.info("learner.warmup_started", base=str(base), examples=len(examples), left_out=left_out,
              steps=warm.warmup_steps, batch=warm.warmup_batch, lr=warm.warmup_lr)

@@ -16,14 +16,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from coevolve.services.runtime.config import ConfigError, doc, load
+from coevolve.services.runtime.config import ConfigError, assemble, doc, owners
 
 # The config dataclasses each service process loads with its section's prefix.
 SERVICE_CONFIGS: dict[str, tuple[str, ...]] = {
-    "learner": ("coevolve.services.learner.config:LearnerConfig", "coevolve.services.learner.config:SamplerConfig",
-                "coevolve.services.learner.config:GRPOConfig", "coevolve.services.learner.config:WarmupConfig",
-                "coevolve.services.agent.config:BackendConfig",
-                "coevolve.services.agent.config:EpisodeLimits", "coevolve.services.agent.config:SamplingConfig"),
+    "learner": ("coevolve.services.learner.config:LearnerSettings",),
     "streams": ("coevolve.streams.worker.config:StreamsConfig",),
     "explorer": ("coevolve.services.explorer.config:ExplorerConfig",
                  "coevolve.services.explorer.service:ExplorerServiceConfig",
@@ -160,8 +157,8 @@ def _classes(service: str) -> list[type]:
             for module, name in (spec.split(":") for spec in SERVICE_CONFIGS[service])]
 
 
-def _fields(service: str) -> dict[str, type]:
-    return {f.name: cls for cls in _classes(service) for f in dataclasses.fields(cls)}
+def _fields(service: str) -> set[str]:
+    return {name for cls in _classes(service) for name in owners(cls)}
 
 
 def _check(section: str, values: dict[str, Any]) -> None:
@@ -214,5 +211,5 @@ def make_plan(preset: str, overrides: list[str] = ()) -> Plan:
                               f"that list tools as {docs}: set {service}.tool_docs={docs}")
     for service in SERVICE_CONFIGS:
         for cls in _classes(service):  # each process would refuse a bad value; refuse it before starting any
-            load(cls, service, environ=plan.env(service))
+            assemble(cls, service, environ=plan.env(service))
     return plan

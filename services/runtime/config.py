@@ -69,3 +69,75 @@ def describe(cls: type) -> list[tuple[str, Any, str]]:
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         rows.append((f.name, default, f.metadata.get("doc", "")))
     return rows
+
+
+@dataclasses.dataclass(frozen=True)
+class ServiceConfig:
+    """What every service process shares: its broker and its /healthz and /metrics endpoint."""
+
+    kafka_bootstrap: str = doc("127.0.0.1:9092", "Kafka bootstrap address HOST:PORT.")
+    metrics_host: str = doc("127.0.0.1", "Address /healthz and /metrics listen on (0.0.0.0 in a pod).")
+    metrics_port: int = doc(-1, "Port of /healthz and /metrics; 0 picks one, -1 disables.")
+
+
+@dataclasses.dataclass(frozen=True)
+class ConsumerConfig(ServiceConfig):
+    """A service that reads its topics in a consumer group and can stop when idle."""
+
+    group_id: str = doc("", "Consumer group; its committed offsets are the service's progress. Empty: "
+                            "coevolve-<service>.")
+    idle_exit_seconds: float = doc(0.0, "Stop after this long with nothing to read or do; 0 runs until signalled.")
+
+    def group(self, service: str) -> str:
+        """The consumer group of `service`: group_id, or coevolve-<service>."""
+        return self.group_id or f"coevolve-{service}"
+
+
+class Settings:
+    """A service's settings: a frozen dataclass whose fields are its config dataclasses (the parts).
+
+    Every part loads with the service's prefix, so each key (`<SERVICE>_<FIELD>`, a preset's
+    `<section>.<field>`, a flag) names one field of one part; two parts declaring one name is an error.
+    """
+
+
+def parts(cls: type) -> dict[str, type]:
+    """The config dataclasses of a Settings bundle by part name; a plain config is its only part."""
+    if not issubclass(cls, Settings):
+        return {"": cls}
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def owners(cls: type) -> dict[str, str]:
+    """Each settable field of `cls` (a config or a Settings bundle), mapped to the part declaring it."""
+    owner: dict[str, str] = {}
+    for part, kind in parts(cls).items():
+        for f in dataclasses.fields(kind):
+            if f.name in owner:
+                raise ConfigError(f"{cls.__name__}: {f.name} is declared by both {owner[f.name] or cls.__name__} "
+                                  f"and {part}; one key must set one field")
+            owner[f.name] = part
+    return owner
+
+
+def assemble(cls: type[T], service: str, overrides: dict[str, Any] | None = None,
+             environ: typing.Mapping[str, str] | None = None) -> T:
+    """A service's settings: each part from defaults, then environment, then `overrides` by field name.
+
+    The one way a service's settings are built, by its command and by `coevolve run`'s plan alike.
+    """
+    owner = owners(cls)
+    unknown = sorted(set(overrides or {}) - set(owner))
+    if unknown:
+        raise ConfigError(f"{', '.join(unknown)}: not a setting of {service}")
+    split: dict[str, dict[str, Any]] = {part: {} for part in parts(cls)}
+    for key, value in (overrides or {}).items():
+        split[owner[key]][key] = value
+    built = {part: load(kind, service, split[part], environ) for part, kind in parts(cls).items()}
+    return built[""] if "" in built else cls(**built)
+
+
+def fields_doc(cls: type) -> dict[str, tuple[Any, str]]:
+    """(default, doc) of every settable field of a config or a Settings bundle."""
+    return {name: (default, text) for kind in parts(cls).values() for name, default, text in describe(kind)}

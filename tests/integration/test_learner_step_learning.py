@@ -63,7 +63,7 @@ def setup(model_dir: str, temperature: float, lr: float = 1e-2):
     from transformers import AutoModelForCausalLM
 
     policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    grpo = GRPOConfig(lr=lr, temperature=temperature, micro_batch_size=32, seed=0)
+    grpo = GRPOConfig(lr=lr, temperature=temperature, micro_batch_size=32)
     engine = build_engine(policy, grpo, backend.tokenizer.pad_token_id or 0)
     sampling = SamplingConfig(temperature=temperature, top_p=1.0, max_new_tokens=NEW, seed=0)
     cfg = LearnerConfig(batch_tasks=4, group_size=8)

@@ -7,7 +7,7 @@ import pytest
 from coevolve.schemas.codec import default_registry
 from coevolve.services.kafka.producer import EventProducer
 from coevolve.services.kafka.topics import DEADLETTER, STEPS, TASKS
-from coevolve.services.learner.config import GRPOConfig, LearnerConfig, SamplerConfig
+from coevolve.services.learner.config import GRPOConfig, LearnerConfig, LearnerSettings, SamplerConfig
 from coevolve.services.learner.service import Learner
 from tests.integration.test_learner_service import BACKEND, LIMITS, odd_length, read, task_checked
 
@@ -25,9 +25,9 @@ def test_an_unloadable_task_is_dead_lettered_and_the_learner_trains_on(bootstrap
     producer.flush()
     producer.close()
     cfg = LearnerConfig(kafka_bootstrap=bootstrap, workdir=tmp_path, steps=1, batch_tasks=2, group_size=2,
-                        seed_tasks=3, run_id="run-poison")
-    service = Learner(cfg, GRPOConfig(lr=1e-3), SamplerConfig(sampler="static", static_wait_s=4.0), BACKEND,
-                      LIMITS, max_new_tokens=8, reward=odd_length)
+                        seed_tasks=3, run_id="run-poison", max_new_tokens=8)
+    service = Learner(LearnerSettings(cfg, GRPOConfig(lr=1e-3), SamplerConfig(sampler="static", static_wait_s=4.0),
+                                      backend=BACKEND, limits=LIMITS), reward=odd_length)
     service.run()
     assert service.done == 1
     assert service.registry.get_sample_value("learner_tasks_unloadable_total") == 1.0

@@ -53,13 +53,13 @@ def test_batches_cover_every_example_before_repeating_and_are_seeded():
 def test_warm_up_lowers_the_loss_and_is_trained_once_per_setting(tasks, tiny, tmp_path):
     home = tmp_path / "home"
     warm, grpo = WarmupConfig(warmup_steps=6, warmup_lr=5e-3, warmup_batch=2), GRPOConfig()
-    path = warm_model(tiny, home, warm, grpo, tasks, LIMITS)
+    path = warm_model(tiny, home, warm, grpo, 0, tasks, LIMITS)
     report = json.loads((path / "warmup.json").read_text())
     assert len(report["losses"]) == 6 and report["examples"] == 4
     assert report["losses"][-1] < 0.8 * report["losses"][0]
     weights = path / "model.safetensors"
     stamp = weights.stat().st_mtime_ns
-    assert warm_model(tiny, home, warm, grpo, tasks, LIMITS) == path
+    assert warm_model(tiny, home, warm, grpo, 0, tasks, LIMITS) == path
     assert weights.stat().st_mtime_ns == stamp  # cached, not trained again
-    other = warm_model(tiny, home, WarmupConfig(warmup_steps=1, warmup_lr=5e-3), grpo, tasks[:2], LIMITS)
+    other = warm_model(tiny, home, WarmupConfig(warmup_steps=1, warmup_lr=5e-3), grpo, 0, tasks[:2], LIMITS)
     assert other != path and json.loads((other / "warmup.json").read_text())["examples"] == 2

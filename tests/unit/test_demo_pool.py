@@ -1,20 +1,16 @@
 """The demo preset's own learner settings: a task validated during a step joins the pool before the next
 step, and that step draws it (fresh_first), so the loop's last edge closes within the demo's three steps."""
-from coevolve.services.agent.config import BackendConfig, EpisodeLimits
-from coevolve.services.learner.config import GRPOConfig, LearnerConfig, SamplerConfig, WarmupConfig
+from coevolve.services.learner.config import LearnerSettings
 from coevolve.services.learner.sampler import load_problem
 from coevolve.services.learner.service import Learner
 from coevolve.services.run.plan import make_plan
-from coevolve.services.runtime.config import load
+from coevolve.services.runtime.config import assemble, load
 
 
 def demo_learner() -> Learner:
     plan = make_plan("demo")
     env = plan.env("learner")
-    configs = [load(cls, "learner", environ=env) for cls in (LearnerConfig, GRPOConfig, SamplerConfig,
-                                                                BackendConfig, EpisodeLimits, WarmupConfig)]
-    cfg, grpo, sampler, backend, limits, warmup = configs
-    return Learner(cfg, grpo, sampler, backend, limits, warmup=warmup)
+    return Learner(assemble(LearnerSettings, "learner", environ=env))
 
 
 def validated(seed, task_id: str) -> dict:

@@ -5,7 +5,7 @@ import torch
 from coevolve.services.agent.config import BackendConfig
 from coevolve.services.learner import checkpoint as ckpt
 from coevolve.services.learner.batch import TrainSequence
-from coevolve.services.learner.config import GRPOConfig, LearnerConfig, SamplerConfig
+from coevolve.services.learner.config import GRPOConfig, LearnerConfig, LearnerSettings, SamplerConfig
 from coevolve.services.learner.engines import build_engine
 from coevolve.services.learner.service import Learner, resolve_run
 from coevolve.services.learner.shapes import random_llama
@@ -82,8 +82,8 @@ def test_a_dangling_latest_pointer_is_a_clear_error(tmp_path):
 
 def test_the_learner_refuses_an_http_backend(tmp_path):
     with pytest.raises(ConfigError, match="vllm or transformers"):
-        Learner(LearnerConfig(workdir=tmp_path), GRPOConfig(), SamplerConfig(),
-                BackendConfig(backend="openai", base_url="http://127.0.0.1:1/v1"))
+        Learner(LearnerSettings(LearnerConfig(workdir=tmp_path),
+                                backend=BackendConfig(backend="openai", base_url="http://127.0.0.1:1/v1")))
 
 
 @pytest.mark.parametrize("kwargs", [dict(steps=-1), dict(batch_tasks=0), dict(group_size=0), dict(eval_every=-1),

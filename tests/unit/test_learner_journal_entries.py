@@ -10,7 +10,7 @@ from coevolve.services.envs.bfcl_data import load_tasks
 from coevolve.services.kafka.topics import EVALUATIONS, STEPS, TRAJECTORIES
 from coevolve.services.learner import journal
 from coevolve.services.learner.batch import TrainSequence
-from coevolve.services.learner.config import GRPOConfig, LearnerConfig, SamplerConfig
+from coevolve.services.learner.config import GRPOConfig, LearnerConfig, LearnerSettings, SamplerConfig
 from coevolve.services.learner.sampler import TaskPool
 from coevolve.services.learner.service import Learner, resolve_run
 from coevolve.services.runtime.config import ConfigError
@@ -115,8 +115,8 @@ class Producer:
 
 
 def replaying(tmp_path):
-    service = Learner(LearnerConfig(workdir=tmp_path, resume=True, steps=5), GRPOConfig(), SamplerConfig(),
-                      BackendConfig(model="tiny-random", backend="transformers"))
+    service = Learner(LearnerSettings(LearnerConfig(workdir=tmp_path, resume=True, steps=5),
+                                      backend=BackendConfig(model="tiny-random", backend="transformers")))
     service.engine, service.producer = CountingEngine(), Producer()
     service.pool = TaskPool(SEEDS, SamplerConfig(), seed=3)
     return service

@@ -12,7 +12,7 @@ from coevolve.services.envs.base import Task
 from coevolve.services.envs.bfcl_data import load_tasks
 from coevolve.services.kafka.consumer import dead_letter_id
 from coevolve.services.kafka.topics import DEADLETTER, TASKS
-from coevolve.services.learner.config import GRPOConfig, LearnerConfig, SamplerConfig
+from coevolve.services.learner.config import GRPOConfig, LearnerConfig, LearnerSettings, SamplerConfig
 from coevolve.services.learner.sampler import Origin, TaskPool, load_problem
 from coevolve.services.learner.service import Learner
 from coevolve.services.learner.step import StepRunner
@@ -99,8 +99,8 @@ class Producer:
 
 
 def test_the_learner_dead_letters_counts_and_logs_a_refused_arrival(tmp_path, caplog):
-    service = Learner(LearnerConfig(workdir=tmp_path), GRPOConfig(), SamplerConfig(),
-                      BackendConfig(model="tiny-random", backend="transformers"))
+    service = Learner(LearnerSettings(LearnerConfig(workdir=tmp_path),
+                                      backend=BackendConfig(model="tiny-random", backend="transformers")))
     service.producer = producer = Producer()
     service.pool = TaskPool(SEEDS, SamplerConfig())
     record = task_checked("syn-bad", UNLOADABLE)
