@@ -28,7 +28,8 @@ import uuid
 from pathlib import Path
 
 from bench.common import machine, report
-from coevolve.services.archive.archiver import Archiver, ArchiverConfig, RowBatch
+from coevolve.services.archive.archiver import Archiver, RowBatch
+from coevolve.services.archive.config import ArchiverConfig
 from coevolve.services.archive.importer import import_files
 from coevolve.services.clickhouse.client import connect, gc_paused
 from coevolve.services.kafka.embedded import EmbeddedBroker

@@ -6,28 +6,43 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
+from coevolve.services.archive.config import ArchiverConfig
+from coevolve.services.explorer.config import ExplorerSettings
+from coevolve.services.learner.config import LearnerSettings
 from coevolve.services.runtime import log as logs
+from coevolve.services.simulate import SimulationConfig
+from coevolve.services.validator.config import ValidatorSettings
+from coevolve.streams.worker.config import StreamsConfig
 
 app = typer.Typer(help="CoEvolve: train LLM agents whose training data evolves with them.",
                   no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
 topics_app = typer.Typer(help="Manage the Kafka topics of the catalog.", no_args_is_help=True)
 app.add_typer(topics_app, name="topics")
 
-BootstrapOpt = typer.Option(None, "--bootstrap", envvar="KAFKA_BOOTSTRAP",
-                            help="Kafka bootstrap address HOST:PORT (default: $KAFKA_BOOTSTRAP).")
-MetricsHostOpt = typer.Option(None, help="Address of /healthz and /metrics (127.0.0.1; 0.0.0.0 in a pod).")
+BootstrapOpt = typer.Option(None, "--bootstrap", help="Kafka bootstrap address HOST:PORT. A service reads "
+                            "$<SERVICE>_KAFKA_BOOTSTRAP, then $KAFKA_BOOTSTRAP, without it; a tool $KAFKA_BOOTSTRAP; "
+                            "run and check start an embedded broker.")
+
+
+def _flag(cls: type, name: str, *decls: str) -> Any:
+    """A flag that overrides one setting of `cls` (a config or a Settings bundle); its help is the field's."""
+    from coevolve.services.runtime.config import fields_doc
+
+    default, text = fields_doc(cls)[name]
+    shown = f"{default}" if default not in ("", None) else "empty"
+    return typer.Option(None, *decls, help=f"{text} [default: {shown}]", show_default=False)
 
 
 def _load(cls, service: str, overrides: dict):
-    """A service's config from defaults, environment and flags; a bad value is a usage error."""
+    """A service's settings from defaults, environment and flags; a bad value is a usage error."""
     from coevolve.services.runtime.config import ConfigError, assemble
 
     try:
-        return assemble(cls, service, overrides)
+        return assemble(cls, service, {k: v for k, v in overrides.items() if v is not None})
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from None
 
@@ -38,6 +53,8 @@ def _root(log_level: str = typer.Option("info", help="Log level: debug, info, wa
 
 
 def _require(bootstrap: Optional[str]) -> str:
+    """A tool's broker: --bootstrap, then $KAFKA_BOOTSTRAP."""
+    bootstrap = bootstrap or os.environ.get("KAFKA_BOOTSTRAP")
     if not bootstrap:
         raise typer.BadParameter("no broker address: pass --bootstrap HOST:PORT or set KAFKA_BOOTSTRAP "
                                  "(start one with `coevolve broker`)", param_hint="--bootstrap")
@@ -122,37 +139,34 @@ def deadletters_replay(reason: str = typer.Option(..., "--reason", help="The err
 
 @app.command()
 def simulate(
-    bootstrap: Optional[str] = BootstrapOpt,
+    kafka_bootstrap: Optional[str] = BootstrapOpt,
     output: Optional[Path] = typer.Option(None, help="Write an Avro log file instead of publishing "
                                           "(trajectories here, other events beside it)."),
     rate: float = typer.Option(0.0, help="Events per second to publish; 0 publishes as fast as possible."),
-    run_id: str = typer.Option("sim-run", help="Run id stamped on every event."),
-    tasks: int = typer.Option(40, help="Seed tasks in the pool."),
-    steps: int = typer.Option(20, help="Training steps."),
-    batch_tasks: int = typer.Option(16, help="Tasks sampled per step."),
-    group_size: int = typer.Option(8, "--group-size", "-k", help="Rollouts per task per step (K)."),
-    forget_probability: float = typer.Option(0.04, help="Chance per task and step of starting to forget it."),
-    zipf_exponent: float = typer.Option(1.3, help="Tool popularity skew; higher makes more tools rare."),
-    synthesized_per_step: int = typer.Option(3, help="Synthesized tasks judged per step (0 disables)."),
-    seed: int = typer.Option(0, help="Random seed."),
+    run_id: Optional[str] = _flag(SimulationConfig, "run_id"),
+    tasks: Optional[int] = _flag(SimulationConfig, "tasks"),
+    steps: Optional[int] = _flag(SimulationConfig, "steps"),
+    batch_tasks: Optional[int] = _flag(SimulationConfig, "batch_tasks"),
+    group_size: Optional[int] = _flag(SimulationConfig, "group_size", "--group-size", "-k"),
+    forget_probability: Optional[float] = _flag(SimulationConfig, "forget_probability"),
+    zipf_exponent: Optional[float] = _flag(SimulationConfig, "zipf_exponent"),
+    synthesized_per_step: Optional[int] = _flag(SimulationConfig, "synthesized_per_step"),
+    validation_pass_rate: Optional[float] = _flag(SimulationConfig, "validation_pass_rate"),
+    seed: Optional[int] = _flag(SimulationConfig, "seed"),
 ) -> None:
-    """Publish a simulated run's event stream (trajectories, steps, task verdicts)."""
-    from coevolve.services.runtime.config import ConfigError
-    from coevolve.services.simulate import SimulationConfig, publish, write_file
+    """Publish a simulated run's event stream (trajectories, steps, task verdicts); SIMULATE_<FIELD> too."""
+    from coevolve.services.simulate import publish, write_file
 
-    try:
-        cfg = SimulationConfig(run_id=run_id, tasks=tasks, steps=steps, batch_tasks=batch_tasks,
-                               group_size=group_size, forget_probability=forget_probability,
-                               zipf_exponent=zipf_exponent, synthesized_per_step=synthesized_per_step,
-                               seed=seed)
-    except ConfigError as exc:
-        raise typer.BadParameter(str(exc)) from None
+    cfg = _load(SimulationConfig, "simulate", dict(
+        run_id=run_id, tasks=tasks, steps=steps, batch_tasks=batch_tasks, group_size=group_size,
+        forget_probability=forget_probability, zipf_exponent=zipf_exponent,
+        synthesized_per_step=synthesized_per_step, validation_pass_rate=validation_pass_rate, seed=seed))
     if output is not None:
         counts, files = write_file(cfg, output)
         for path in files:
             print(f"wrote {path}")
     else:
-        counts = publish(cfg, _require(bootstrap), rate)
+        counts = publish(cfg, _require(kafka_bootstrap), rate)
     print(" ".join(f"{name}={n}" for name, n in sorted(counts.items())))
 
 
@@ -168,8 +182,7 @@ def run(
     settings: Optional[list[str]] = typer.Option(None, "--set", help="Override one preset field: "
                                                  "SECTION.FIELD=VALUE, e.g. --set learner.lr=1e-5 (repeatable)."),
     run_id: Optional[str] = typer.Option(None, help="Run id of a new run (default: run-<UTC time>-<random>)."),
-    bootstrap: Optional[str] = typer.Option(None, "--bootstrap", help="Use this broker instead of starting "
-                                            "the embedded one."),
+    bootstrap: Optional[str] = BootstrapOpt,
 ) -> None:
     """Run the co-evolution loop: learner, signal worker, explorer, validator and archiver, then the report."""
     from coevolve.services.run.command import run_loop
@@ -220,8 +233,7 @@ def ablate(
 def check(
     workdir: Path = typer.Option(Path(".coevolve-check"), help="Where the check keeps its archive and report."),
     steps: int = typer.Option(12, help="Simulated training steps."),
-    bootstrap: Optional[str] = typer.Option(None, "--bootstrap", envvar="KAFKA_BOOTSTRAP",
-                                            help="Use this broker instead of starting the embedded one."),
+    bootstrap: Optional[str] = BootstrapOpt,
 ) -> None:
     """Check the data plane on a simulated workload: live signals equal `coevolve replay`'s, then archive."""
     from coevolve.services.pipeline import run_pipeline
@@ -235,26 +247,22 @@ def check(
 
 @app.command()
 def archiver(
-    bootstrap: Optional[str] = BootstrapOpt,
-    clickhouse: Optional[str] = typer.Option(None, "--clickhouse", help="Archive URL: chdb:///abs/dir or a "
-                                             "server URL (default: $ARCHIVER_CLICKHOUSE_URL, then "
-                                             "$CLICKHOUSE_URL, then chdb:///<workdir>/clickhouse)."),
-    workdir: Optional[Path] = typer.Option(None, help="Work directory of the embedded archive (.coevolve)."),
-    group_id: Optional[str] = typer.Option(None, help="Consumer group id (coevolve-archiver)."),
-    batch_size: Optional[int] = typer.Option(None, help="Events per insert batch."),
-    idle_exit: Optional[float] = typer.Option(None, help="Stop after this many idle seconds (0: never)."),
-    metrics_port: Optional[int] = typer.Option(None, help="Port of /healthz and /metrics (-1 disables)."),
-    metrics_host: Optional[str] = MetricsHostOpt,
+    kafka_bootstrap: Optional[str] = BootstrapOpt,
+    clickhouse_url: Optional[str] = _flag(ArchiverConfig, "clickhouse_url", "--clickhouse"),
+    workdir: Optional[Path] = _flag(ArchiverConfig, "workdir"),
+    group_id: Optional[str] = _flag(ArchiverConfig, "group_id"),
+    batch_size: Optional[int] = _flag(ArchiverConfig, "batch_size"),
+    idle_exit_seconds: Optional[float] = _flag(ArchiverConfig, "idle_exit_seconds", "--idle-exit"),
+    metrics_port: Optional[int] = _flag(ArchiverConfig, "metrics_port"),
+    metrics_host: Optional[str] = _flag(ArchiverConfig, "metrics_host"),
 ) -> None:
-    """Archive every topic into ClickHouse (tables per event, actions exploded), idempotently."""
-    from coevolve.services.archive.archiver import Archiver, ArchiverConfig
+    """Archive every topic into ClickHouse (tables per event, actions exploded), idempotently; ARCHIVER_<FIELD> too."""
+    flags = dict(locals())
+    from coevolve.services.archive.archiver import Archiver
     from coevolve.services.clickhouse.client import ArchiveError
     from coevolve.services.clickhouse.urls import redact_url
 
-    cfg = _load(ArchiverConfig, "archiver", dict(
-        kafka_bootstrap=_require(bootstrap), clickhouse_url=clickhouse, workdir=workdir,
-        group_id=group_id, batch_size=batch_size, idle_exit_seconds=idle_exit, metrics_port=metrics_port,
-        metrics_host=metrics_host))
+    cfg = _load(ArchiverConfig, "archiver", flags)
     try:
         service = Archiver(cfg)
     except ArchiveError as exc:
@@ -302,33 +310,29 @@ app.add_typer(streams_app, name="streams")
 
 @streams_app.command("worker")
 def streams_worker(
-    bootstrap: Optional[str] = BootstrapOpt,
-    app_id: Optional[str] = typer.Option(None, help="Faust app id (consumer group, table prefix)."),
-    metrics_host: Optional[str] = MetricsHostOpt,
-    metrics_port: Optional[int] = typer.Option(None, help="Port of /healthz and /metrics (6066); -1 disables."),
-    datadir: Optional[Path] = typer.Option(None, help="Faust's data directory."),
-    window: Optional[int] = typer.Option(None, help="W."),
-    success_threshold: Optional[float] = typer.Option(None, help="tau."),
-    rare_threshold: Optional[float] = typer.Option(None, help="theta, percent."),
-    pattern_length: Optional[int] = typer.Option(None, help="n."),
-    grace_s: Optional[float] = typer.Option(None, help="Seconds before an unfinished step closes, incomplete."),
+    kafka_bootstrap: Optional[str] = BootstrapOpt,
+    app_id: Optional[str] = _flag(StreamsConfig, "app_id"),
+    metrics_host: Optional[str] = _flag(StreamsConfig, "metrics_host"),
+    metrics_port: Optional[int] = _flag(StreamsConfig, "metrics_port"),
+    datadir: Optional[Path] = _flag(StreamsConfig, "datadir"),
+    window: Optional[int] = _flag(StreamsConfig, "window"),
+    success_threshold: Optional[float] = _flag(StreamsConfig, "success_threshold"),
+    rare_threshold: Optional[float] = _flag(StreamsConfig, "rare_threshold"),
+    pattern_length: Optional[int] = _flag(StreamsConfig, "pattern_length"),
+    grace_s: Optional[float] = _flag(StreamsConfig, "grace_s"),
 ) -> None:
-    """Run one signal-processor worker (start any number; they share the partitions by task)."""
+    """Run one signal-processor worker (start any number; they share the partitions by task); STREAMS_<FIELD> too."""
+    flags = dict(locals())
     from coevolve.streams.worker.command import run_worker
-    from coevolve.streams.worker.config import StreamsConfig
 
-    run_worker(_load(StreamsConfig, "streams", dict(
-        kafka_bootstrap=bootstrap, app_id=app_id, datadir=datadir, window=window,
-        success_threshold=success_threshold, rare_threshold=rare_threshold, pattern_length=pattern_length,
-        grace_s=grace_s, metrics_host=metrics_host, metrics_port=metrics_port)))
+    run_worker(_load(StreamsConfig, "streams", flags))
 
 
 @app.command()
 def replay(
     input: Optional[list[Path]] = typer.Option(None, "--input", help="Avro log file(s): trajectories and "
                                                "completed steps (a run.avro's step file is added)."),
-    bootstrap: Optional[str] = typer.Option(None, "--bootstrap", help="Without --input, read the topics "
-                                            "from offset zero; also the broker for --publish/--compare."),
+    bootstrap: Optional[str] = BootstrapOpt,
     window: Optional[int] = typer.Option(None, help="W: previous attempts forgetting looks back on (5)."),
     success_threshold: Optional[float] = typer.Option(None, help="tau: an attempt or rollout succeeds at >= tau "
                                                       "(0.5)."),
@@ -350,7 +354,8 @@ def replay(
                                              "without --input or --bootstrap: $REPLAY_CLICKHOUSE_URL, then "
                                              "$CLICKHOUSE_URL)."),
 ) -> None:
-    """Recompute signals from the event log with any thresholds; print counts and a diff."""
+    """Recompute signals from the event log (the archive, --input files, or the topics from offset zero with
+    --bootstrap) with any thresholds; print counts and a diff."""
     from coevolve.services.runtime.config import ConfigError
     from coevolve.streams.replay.command import run_replay
     from coevolve.streams.replay.config import ReplayConfig
@@ -467,112 +472,96 @@ def analyze(
     print(text)
 
 
-ModelOpt = typer.Option(None, help="smollm2-135m-instruct (default), tiny-random, a local Hugging Face "
-                        "directory, or the endpoint's model name (openai).")
-BackendOpt = typer.Option(None, help="vllm (default), transformers or openai.")
-BaseUrlOpt = typer.Option(None, help="openai: endpoint URL; the key comes from $OPENAI_API_KEY.")
-GroupOpt = typer.Option(None, help="Consumer group id.")
-IdleOpt = typer.Option(None, help="Stop after this many idle seconds (0: never).")
-MetricsPortOpt = typer.Option(None, help="Port of /healthz and /metrics (-1 disables, 0 picks one).")
-MaxTokensOpt = typer.Option(None, help="New tokens per generation (default 256).")
-JsonTokensOpt = typer.Option(None, help="New tokens per structured (JSON) answer (default 1024).")
-
-
 @app.command()
 def explorer(
-    bootstrap: Optional[str] = BootstrapOpt, model: Optional[str] = ModelOpt,
-    backend: Optional[str] = BackendOpt, base_url: Optional[str] = BaseUrlOpt,
-    strategy: Optional[str] = typer.Option(None, help="signal-guided (default), random or static."),
-    signal_kinds: Optional[str] = typer.Option(None, help="Kinds explored, comma-separated "
-                                               "(forgetting,boundary,rare)."),
-    signals_per_step: Optional[int] = typer.Option(None, help="Clusters explored per period (4)."),
-    every_steps: Optional[int] = typer.Option(None, help="Training steps per period (1)."),
-    step_window: Optional[float] = typer.Option(None, help="Close a period this many seconds after its "
-                                                "first signal without its StepCompleted (300)."),
-    step_grace: Optional[float] = typer.Option(None, help="Keep a period open this many seconds after its "
-                                               "StepCompleted for late signals (5)."),
-    runs: Optional[int] = typer.Option(None, help="R: exploration runs per cluster (3)."),
-    calls_per_run: Optional[int] = typer.Option(None, help="S: most tool calls per run (8)."),
-    fallback_tasks: Optional[int] = typer.Option(None, help="Seed tasks explored randomly when a period "
-                                                 "explores no signal (0: off)."),
-    static_tasks: Optional[int] = typer.Option(None, help="static: seed tasks explored once at start (4)."),
-    run_id: Optional[str] = typer.Option(None, help="Run the static strategy's exploration is recorded under."),
-    max_new_tokens: Optional[int] = MaxTokensOpt, json_max_new_tokens: Optional[int] = JsonTokensOpt,
-    max_runs_per_period: Optional[int] = typer.Option(None, help="Most runs per period (0: no limit)."),
-    max_tokens_per_period: Optional[int] = typer.Option(None, help="Most tokens per period (0: no limit)."),
-    group_id: Optional[str] = GroupOpt, idle_exit: Optional[float] = IdleOpt,
-    metrics_port: Optional[int] = MetricsPortOpt, metrics_host: Optional[str] = MetricsHostOpt,
+    kafka_bootstrap: Optional[str] = BootstrapOpt,
+    model: Optional[str] = _flag(ExplorerSettings, "model"),
+    backend: Optional[str] = _flag(ExplorerSettings, "backend"),
+    base_url: Optional[str] = _flag(ExplorerSettings, "base_url"),
+    strategy: Optional[str] = _flag(ExplorerSettings, "strategy"),
+    signal_kinds: Optional[str] = _flag(ExplorerSettings, "signal_kinds"),
+    signals_per_step: Optional[int] = _flag(ExplorerSettings, "signals_per_step"),
+    every_steps: Optional[int] = _flag(ExplorerSettings, "every_steps"),
+    step_window_s: Optional[float] = _flag(ExplorerSettings, "step_window_s", "--step-window"),
+    step_grace_s: Optional[float] = _flag(ExplorerSettings, "step_grace_s", "--step-grace"),
+    runs: Optional[int] = _flag(ExplorerSettings, "runs"),
+    calls_per_run: Optional[int] = _flag(ExplorerSettings, "calls_per_run"),
+    fallback_tasks: Optional[int] = _flag(ExplorerSettings, "fallback_tasks"),
+    static_tasks: Optional[int] = _flag(ExplorerSettings, "static_tasks"),
+    run_id: Optional[str] = _flag(ExplorerSettings, "run_id"),
+    max_new_tokens: Optional[int] = _flag(ExplorerSettings, "max_new_tokens"),
+    json_max_new_tokens: Optional[int] = _flag(ExplorerSettings, "json_max_new_tokens"),
+    max_runs_per_period: Optional[int] = _flag(ExplorerSettings, "max_runs_per_period"),
+    max_tokens_per_period: Optional[int] = _flag(ExplorerSettings, "max_tokens_per_period"),
+    group_id: Optional[str] = _flag(ExplorerSettings, "group_id"),
+    idle_exit_seconds: Optional[float] = _flag(ExplorerSettings, "idle_exit_seconds", "--idle-exit"),
+    metrics_port: Optional[int] = _flag(ExplorerSettings, "metrics_port"),
+    metrics_host: Optional[str] = _flag(ExplorerSettings, "metrics_host"),
 ) -> None:
-    """Explore the environment where the signals point; publish ExplorationRecorded events."""
-    from coevolve.services.agent.config import BackendConfig
-    from coevolve.services.explorer.config import ExplorerConfig
-    from coevolve.services.explorer.service import Explorer, ExplorerServiceConfig
+    """Explore the environment where the signals point; publish ExplorationRecorded events.
 
-    core = _load(ExplorerConfig, "explorer", dict(
-        strategy=strategy, signal_kinds=signal_kinds, signals_per_step=signals_per_step, every_steps=every_steps,
-        step_window_s=step_window, step_grace_s=step_grace, runs=runs, calls_per_run=calls_per_run,
-        fallback_tasks=fallback_tasks, static_tasks=static_tasks))
-    backend_cfg = _load(BackendConfig, "explorer", {"model": model, "backend": backend, "base_url": base_url})
-    cfg = _load(ExplorerServiceConfig, "explorer", dict(
-        kafka_bootstrap=_require(bootstrap), group_id=group_id, max_new_tokens=max_new_tokens,
-        json_max_new_tokens=json_max_new_tokens, max_runs_per_period=max_runs_per_period, max_tokens_per_period=max_tokens_per_period,
-        idle_exit_seconds=idle_exit, run_id=run_id, metrics_port=metrics_port, metrics_host=metrics_host))
-    print(f"explorer committed {Explorer(cfg, core, backend_cfg).serve_until_signalled()} events", flush=True)
+    Every setting of ExplorerSettings (services/explorer/config.py) is also read from EXPLORER_<FIELD>."""
+    flags = dict(locals())
+    from coevolve.services.explorer.service import Explorer
+
+    settings = _load(ExplorerSettings, "explorer", flags)
+    print(f"explorer committed {Explorer(settings).serve_until_signalled()} events", flush=True)
 
 
 @app.command()
 def validator(
-    bootstrap: Optional[str] = BootstrapOpt, model: Optional[str] = ModelOpt,
-    backend: Optional[str] = BackendOpt, base_url: Optional[str] = BaseUrlOpt,
+    kafka_bootstrap: Optional[str] = BootstrapOpt,
+    model: Optional[str] = _flag(ValidatorSettings, "model"),
+    backend: Optional[str] = _flag(ValidatorSettings, "backend"),
+    base_url: Optional[str] = _flag(ValidatorSettings, "base_url"),
     no_validation: bool = typer.Option(False, "--no-validation", help="Keep every well-formed task "
-                                       "(the paper's ablation)."),
-    rounds_per_group: Optional[int] = typer.Option(None, help="Exploration rounds of one group (3)."),
-    group_wait: Optional[float] = typer.Option(None, help="Seconds an incomplete group waits (60)."),
-    max_new_tokens: Optional[int] = MaxTokensOpt, json_max_new_tokens: Optional[int] = JsonTokensOpt,
-    group_id: Optional[str] = GroupOpt, idle_exit: Optional[float] = IdleOpt,
-    metrics_port: Optional[int] = MetricsPortOpt, metrics_host: Optional[str] = MetricsHostOpt,
+                                       "(the paper's ablation; validation=false)."),
+    rounds_per_group: Optional[int] = _flag(ValidatorSettings, "rounds_per_group"),
+    group_wait_s: Optional[float] = _flag(ValidatorSettings, "group_wait_s", "--group-wait"),
+    max_new_tokens: Optional[int] = _flag(ValidatorSettings, "max_new_tokens"),
+    json_max_new_tokens: Optional[int] = _flag(ValidatorSettings, "json_max_new_tokens"),
+    group_id: Optional[str] = _flag(ValidatorSettings, "group_id"),
+    idle_exit_seconds: Optional[float] = _flag(ValidatorSettings, "idle_exit_seconds", "--idle-exit"),
+    metrics_port: Optional[int] = _flag(ValidatorSettings, "metrics_port"),
+    metrics_host: Optional[str] = _flag(ValidatorSettings, "metrics_host"),
 ) -> None:
-    """Abstract explorations into proposed tasks, validate them, publish every verdict as TaskChecked."""
-    from coevolve.services.agent.config import BackendConfig
-    from coevolve.services.validator.config import ValidatorConfig
-    from coevolve.services.validator.service import Validator, ValidatorServiceConfig
+    """Abstract explorations into proposed tasks, validate them, publish every verdict as TaskChecked.
 
-    core = _load(ValidatorConfig, "validator", dict(validation=False if no_validation else None,
-                                                    rounds_per_group=rounds_per_group))
-    backend_cfg = _load(BackendConfig, "validator", {"model": model, "backend": backend, "base_url": base_url})
-    cfg = _load(ValidatorServiceConfig, "validator", dict(
-        kafka_bootstrap=_require(bootstrap), group_id=group_id, group_wait_s=group_wait,
-        max_new_tokens=max_new_tokens, json_max_new_tokens=json_max_new_tokens, idle_exit_seconds=idle_exit,
-        metrics_port=metrics_port, metrics_host=metrics_host))
-    print(f"validator committed {Validator(cfg, core, backend_cfg).serve_until_signalled()} events", flush=True)
+    Every setting of ValidatorSettings (services/validator/config.py) is also read from VALIDATOR_<FIELD>."""
+    flags = dict(locals())
+    from coevolve.services.validator.service import Validator
+
+    flags["validation"] = False if flags.pop("no_validation") else None
+    settings = _load(ValidatorSettings, "validator", flags)
+    print(f"validator committed {Validator(settings).serve_until_signalled()} events", flush=True)
 
 
 @app.command()
 def learner(
-    bootstrap: Optional[str] = BootstrapOpt,
-    workdir: Optional[Path] = typer.Option(None, help="Checkpoints folder (.coevolve/learner)."),
-    run_id: Optional[str] = typer.Option(None, help="Run id (default: run-<UTC time>; a resumed run keeps its own)."),
+    kafka_bootstrap: Optional[str] = BootstrapOpt,
+    workdir: Optional[Path] = _flag(LearnerSettings, "workdir"),
+    run_id: Optional[str] = _flag(LearnerSettings, "run_id"),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --workdir from its latest checkpoint "
                                 "(starts fresh when there is none)."),
-    steps: Optional[int] = typer.Option(None, help="Training steps to complete (10)."),
-    model: Optional[str] = ModelOpt,
-    backend: Optional[str] = typer.Option(None, help="Rollout backend: vllm (default) or transformers."),
-    max_new_tokens: Optional[int] = MaxTokensOpt,
-    metrics_port: Optional[int] = MetricsPortOpt, metrics_host: Optional[str] = MetricsHostOpt,
+    steps: Optional[int] = _flag(LearnerSettings, "steps"),
+    model: Optional[str] = _flag(LearnerSettings, "model"),
+    backend: Optional[str] = typer.Option(None, help="Rollout backend: vllm or transformers [default: vllm]."),
+    max_new_tokens: Optional[int] = _flag(LearnerSettings, "max_new_tokens"),
+    metrics_port: Optional[int] = _flag(LearnerSettings, "metrics_port"),
+    metrics_host: Optional[str] = _flag(LearnerSettings, "metrics_host"),
     policy_only: bool = typer.Option(False, "--policy-only", help="Print the starting policy's model (the "
                                      "warmed one, trained first if needed) and exit; no broker needed."),
 ) -> None:
     """Train the agent with GRPO on the seed tasks and the loop's validated tasks; publish every step.
 
-    Every field of LearnerSettings (services/learner/config.py) is also read from LEARNER_<FIELD>."""
-    from coevolve.services.learner.config import LearnerSettings
+    Every setting of LearnerSettings (services/learner/config.py) is also read from LEARNER_<FIELD>."""
+    flags = dict(locals())
     from coevolve.services.learner.service import Learner
     from coevolve.services.runtime.config import ConfigError
 
-    settings = _load(LearnerSettings, "learner", dict(
-        kafka_bootstrap=bootstrap, workdir=workdir, run_id=run_id, resume=True if resume else None, steps=steps,
-        model=model, backend=backend, max_new_tokens=max_new_tokens, metrics_port=metrics_port,
-        metrics_host=metrics_host))
+    flags["resume"] = True if flags["resume"] else None
+    policy_only = flags.pop("policy_only")
+    settings = _load(LearnerSettings, "learner", flags)
     try:
         service = Learner(settings)
     except ConfigError as exc:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import yaml
 
+from coevolve.services.runtime.config import parts
+
 ROOT = Path(__file__).resolve().parents[1]
 KUBECTL = shutil.which("kubectl")
 OVERLAYS = ["k8s/overlays/local", "k8s/overlays/production"]
@@ -141,7 +143,7 @@ def loaded_configs(command) -> list[tuple[type, str]]:
     for node in ast.walk(tree):
         if (isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("_load", "load")
                 and isinstance(node.args[0], ast.Name) and isinstance(node.args[1], ast.Constant)):
-            found.append((names[node.args[0].id], node.args[1].value))
+            found += [(kind, node.args[1].value) for kind in parts(names[node.args[0].id]).values()]
     return found
 
 

@@ -1,7 +1,8 @@
 """The agent runtime's configuration: which model and backend, how to sample, and episode limits.
 
-Each dataclass loads like every service config (`services.config.load`): defaults, then environment
-(`AGENT_MODEL`, then `MODEL`), then flags. The explorer, validator and learner embed these fields.
+BackendConfig, GenerationConfig and EpisodeLimits are parts of the services' settings
+(`services/runtime/config.py`): `EXPLORER_MODEL`, then `MODEL`, then the default. SamplingConfig is
+what one batch of generations is asked for, built by the services from their settings.
 """
 from __future__ import annotations
 
@@ -59,6 +60,20 @@ class BackendConfig:
             raise ConfigError(f"cpu_threads={self.cpu_threads} must be 0 (torch's default) or a thread count")
         if self.kv_cache_gib <= 0 or not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError("kv_cache_gib must be positive and gpu_memory_utilization in (0, 1]")
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """How a service's LLM samples its episodes and its structured (JSON) answers."""
+
+    temperature: float = doc(0.7, "Sampling temperature of the service's generations; 0 is greedy.")
+    max_new_tokens: int = doc(256, "New tokens per generation in an episode.")
+    json_max_new_tokens: int = doc(1024, "New tokens per structured answer (JSON); the schema's bounds keep a "
+                                         "complete answer within it.")
+
+    def __post_init__(self) -> None:
+        if min(self.max_new_tokens, self.json_max_new_tokens) < 1 or self.temperature < 0:
+            raise ConfigError("max_new_tokens and json_max_new_tokens must be >= 1, temperature >= 0")
 
 
 @dataclass(frozen=True)

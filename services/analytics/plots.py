@@ -13,6 +13,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 (backend first)
+from matplotlib.ticker import FixedLocator, MaxNLocator  # noqa: E402
 
 KIND_COLORS = {"forgetting": "tab:red", "boundary": "tab:orange", "rare": "tab:blue"}
 
@@ -28,6 +29,10 @@ def _series(rows, key_cols, x_col, y_col):
 
 
 def _save(fig, path: Path) -> Path:
+    """Write the figure; every per-step axis without ticks of its own gets integer steps only."""
+    for ax in fig.axes:
+        if ax.get_xlabel().startswith("training step") and not isinstance(ax.xaxis.get_major_locator(), FixedLocator):
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

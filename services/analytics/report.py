@@ -59,7 +59,8 @@ def run_analyze(client, out: Path, database: str = "coevolve", run_ids: list[str
 
 def archive_and_analyze(bootstrap: str, workdir: Path, idle_s: float = 2.0) -> dict[str, list[Path]]:
     """Archive everything on the broker into chdb:///<workdir>/clickhouse, then write <workdir>/report/."""
-    from coevolve.services.archive.archiver import Archiver, ArchiverConfig
+    from coevolve.services.archive.archiver import Archiver
+    from coevolve.services.archive.config import ArchiverConfig
     from coevolve.services.clickhouse.client import connect
     from coevolve.services.clickhouse.urls import redact_url
 

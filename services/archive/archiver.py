@@ -12,54 +12,21 @@ offset is committed only once the dead letter is confirmed, so it is neither dro
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 from prometheus_client import Counter, Gauge, Histogram
 from tqdm import tqdm
 
+from coevolve.services.archive.config import ArchiverConfig
 from coevolve.services.archive.rows import COLUMNS, archivable, rows_for
-from coevolve.services.clickhouse.client import chdb_url, connect, gc_paused
+from coevolve.services.clickhouse.client import connect, gc_paused
 from coevolve.services.clickhouse.urls import redact_url
 from coevolve.services.kafka.consumer import EventConsumer
 from coevolve.services.kafka.producer import EventProducer
 from coevolve.services.kafka.topics import CATALOG
-from coevolve.services.runtime.config import ConfigError, doc
 from coevolve.services.runtime.log import get_logger
 from coevolve.services.runtime.service import Service
 
 log = get_logger("archiver")
-
-
-@dataclass(frozen=True)
-class ArchiverConfig:
-    kafka_bootstrap: str = doc("127.0.0.1:9092", "Kafka bootstrap address HOST:PORT.")
-    clickhouse_url: str = doc("", "Archive URL: chdb:///abs/dir (embedded) or a server's http(s):// URL; "
-                                  "empty: chdb:///<workdir>/clickhouse.")
-    workdir: Path = doc(Path(".coevolve"), "Work directory holding the embedded archive.")
-    database: str = doc("coevolve", "ClickHouse database of the archive tables.")
-    group_id: str = doc("coevolve-archiver", "Consumer group; its committed offsets are the archive's progress.")
-    topics: str = doc(",".join(CATALOG), "Comma-separated topics to archive.")
-    batch_size: int = doc(20000, "Events per insert; a batch is stored when this full or batch_seconds old.")
-    batch_seconds: float = doc(1.0, "Longest time a polled event waits before its batch is stored.")
-    idle_exit_seconds: float = doc(0.0, "Stop after this long with nothing to read; 0 runs until signalled.")
-    metrics_port: int = doc(-1, "Port of /healthz and /metrics; 0 picks one, -1 disables.")
-    metrics_host: str = doc("127.0.0.1", "Address /healthz and /metrics listen on (0.0.0.0 in a pod).")
-
-    def __post_init__(self) -> None:
-        if self.batch_size < 1 or self.batch_seconds <= 0:
-            raise ConfigError("batch_size must be >= 1 and batch_seconds > 0")
-        unknown = [t for t in self.topic_list if t not in CATALOG]
-        if unknown:
-            raise ConfigError(f"unknown topics {unknown}; choose from {sorted(CATALOG)}")
-
-    @property
-    def topic_list(self) -> list[str]:
-        return [t.strip() for t in self.topics.split(",") if t.strip()]
-
-    @property
-    def url(self) -> str:
-        return self.clickhouse_url or chdb_url(self.workdir)
 
 
 class RowBatch:
@@ -126,7 +93,7 @@ class Archiver(Service):
     def start(self) -> None:
         cfg = self.cfg
         self.deadletters = EventProducer(cfg.kafka_bootstrap, client_id="coevolve-archiver")
-        self.consumer = EventConsumer(cfg.kafka_bootstrap, cfg.topic_list, group_id=cfg.group_id,
+        self.consumer = EventConsumer(cfg.kafka_bootstrap, cfg.topic_list, group_id=cfg.group(self.name),
                                       service="archiver", deadletters=self.deadletters, registry=self.schemas)
         log.info("archiver.started", bootstrap=cfg.kafka_bootstrap, archive=redact_url(cfg.url), topics=cfg.topic_list)
         self.bar = tqdm(desc="archive", unit="event", disable=None, leave=False)

@@ -1,14 +1,17 @@
-"""The explorer's settings that its core logic reads (budget, schedule, strategy, runs).
+"""The explorer's settings: what it explores and how (ExplorerConfig), its service and per-period
+limits (ExplorerServiceConfig), and the parts it shares with other services (ExplorerSettings).
 
-Layered like every service's config (`services/runtime/config.py`): defaults, then `EXPLORER_FIELD`,
-then `FIELD` environment variables, then flags. Broker, model, limits and metrics are in
-`service.ExplorerServiceConfig`.
+Each key is `EXPLORER_<FIELD>`, then `<FIELD>`, in the environment, `explorer.<field>` in a preset,
+or a flag of `coevolve explorer` (services/runtime/config.py).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from coevolve.services.runtime.config import ConfigError, doc
+from coevolve.services.agent.config import BackendConfig, GenerationConfig
+from coevolve.services.envs.bfcl_data import TOOL_DOCS
+from coevolve.services.envs.config import SeedPoolConfig
+from coevolve.services.runtime.config import ConfigError, ConsumerConfig, Settings, doc
 
 STRATEGIES = ("signal-guided", "random", "static")
 FALLBACK = "random-fallback"  # the strategy recorded for a period's fallback exploration
@@ -38,9 +41,6 @@ class ExplorerConfig:
     calls_per_run: int = doc(8, "S: most tool calls in one exploration run.")
     random_seed: int = doc(0, "Seed of the random strategy; the same seed gives the same calls.")
     parse_attempts: int = doc(3, "Model answers tried per reflection before the signal is dead-lettered.")
-    categories: str = doc("multi_turn_base", "Comma-separated BFCL categories whose train tasks the random and "
-                                             "static strategies and the fallback explore: the learner's.")
-    seed_tasks: int = doc(0, "Of those, the first N as the learner takes them (its seed_tasks); 0 takes all.")
     static_tasks: int = doc(4, "static: seed train tasks explored by random valid calls once, when the service "
                                "starts (recorded at step 0 as strategy static).")
     fallback_tasks: int = doc(0, "When a period's exploration finds no call that succeeds (no signal explored, "
@@ -61,9 +61,6 @@ class ExplorerConfig:
                 raise ConfigError(f"{name}={getattr(self, name)} must be at least 1")
         if self.step_window_s <= 0:
             raise ConfigError(f"step_window_s={self.step_window_s} must be positive")
-        if self.seed_tasks < 0 or not self.categories.strip():
-            raise ConfigError(f"categories={self.categories!r} must name a BFCL category and seed_tasks="
-                              f"{self.seed_tasks} be >= 0 (0 takes all)")
         if self.step_grace_s < 0 or self.fallback_tasks < 0:
             raise ConfigError(f"step_grace_s={self.step_grace_s} and fallback_tasks={self.fallback_tasks} "
                               "must be >= 0")
@@ -72,3 +69,34 @@ class ExplorerConfig:
     def kinds(self) -> frozenset[str]:
         """The signal kinds explored, as a set."""
         return frozenset(k.strip() for k in self.signal_kinds.split(",") if k.strip())
+
+
+@dataclass(frozen=True)
+class ExplorerServiceConfig(ConsumerConfig):
+    """The explorer service: the prompt its runs see, its per-period limits, its start exploration's run."""
+
+    tool_docs: str = doc("full", "How exploration runs' system prompt lists the tools (full or signatures): as the "
+                                 "policy acting here was trained (under run.shared_policy, the learner's).")
+    max_runs_per_period: int = doc(0, "Most exploration runs per period (0: no limit); the rest is skipped.")
+    max_tokens_per_period: int = doc(0, "Most tokens (prompt and completion) per period (0: no limit).")
+    max_seconds_per_period: float = doc(0.0, "Most wall time per period's exploration (0: no limit).")
+    run_id: str = doc("static", "Run the static strategy's start exploration is recorded under (coevolve run "
+                                "sets it).")
+
+    def __post_init__(self) -> None:
+        if min(self.max_runs_per_period, self.max_tokens_per_period, self.max_seconds_per_period) < 0:
+            raise ConfigError("period limits must be >= 0 (0: no limit)")
+        if self.tool_docs not in TOOL_DOCS:
+            raise ConfigError(f"tool_docs={self.tool_docs!r}: choose one of {', '.join(TOOL_DOCS)}")
+
+
+@dataclass(frozen=True)
+class ExplorerSettings(Settings):
+    """Everything `coevolve explorer` reads. The seed pool (categories, seed_tasks) is the one the
+    random and static strategies and the fallback explore: set it as the learner's."""
+
+    explorer: ExplorerConfig = field(default_factory=ExplorerConfig)
+    service: ExplorerServiceConfig = field(default_factory=ExplorerServiceConfig)
+    seeds: SeedPoolConfig = field(default_factory=SeedPoolConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)

@@ -12,46 +12,17 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass
 
 from prometheus_client import Counter
 
-from coevolve.services.agent.config import BackendConfig, EpisodeLimits, SamplingConfig
-from coevolve.services.explorer.config import ExplorerConfig
+from coevolve.services.agent.config import EpisodeLimits, SamplingConfig
+from coevolve.services.explorer.config import ExplorerServiceConfig, ExplorerSettings
 from coevolve.services.explorer.exploring import Budget, Outcome, explore_plan, explore_static
 from coevolve.services.explorer.planning import Plan, SignalBuffer
 from coevolve.services.kafka.consumer import EventConsumer
 from coevolve.services.kafka.producer import EventProducer
 from coevolve.services.kafka.topics import EXPLORATIONS, SIGNALS, STEPS
-from coevolve.services.runtime.config import ConfigError, doc
 from coevolve.services.runtime.service import Service
-
-@dataclass(frozen=True)
-class ExplorerServiceConfig:
-    """Broker, group, sampling, per-period limits and metrics of the explorer service."""
-
-    kafka_bootstrap: str = doc("127.0.0.1:9092", "Kafka bootstrap address HOST:PORT.")
-    group_id: str = doc("coevolve-explorer", "Consumer group; its committed offsets are the explorer's progress.")
-    temperature: float = doc(0.7, "Sampling temperature of reflections and exploration runs.")
-    max_new_tokens: int = doc(256, "New tokens per generation in exploration runs.")
-    json_max_new_tokens: int = doc(1024, "New tokens per reflection (a JSON answer); the schema's bounds keep "
-                                         "a complete answer within it.")
-    tool_docs: str = doc("full", "How exploration runs' system prompt lists the tools (full or signatures): as the "
-                                 "policy acting here was trained (the learner's tool_docs under run.shared_policy).")
-    max_runs_per_period: int = doc(0, "Most exploration runs per period (0: no limit); the rest is skipped.")
-    max_tokens_per_period: int = doc(0, "Most tokens (prompt and completion) per period (0: no limit).")
-    max_seconds_per_period: float = doc(0.0, "Most wall time per period's exploration (0: no limit).")
-    idle_exit_seconds: float = doc(0.0, "Stop after this long with nothing to read or explore; 0 runs until signalled.")
-    run_id: str = doc("static", "Run the static strategy's start exploration is recorded under (coevolve run "
-                                "sets it).")
-    metrics_port: int = doc(-1, "Port of /healthz and /metrics; 0 picks one, -1 disables.")
-    metrics_host: str = doc("127.0.0.1", "Address /healthz and /metrics listen on (0.0.0.0 in a pod).")
-
-    def __post_init__(self) -> None:
-        if min(self.max_new_tokens, self.json_max_new_tokens) < 1 or self.temperature < 0:
-            raise ConfigError("max_new_tokens and json_max_new_tokens must be >= 1, temperature >= 0")
-        if min(self.max_runs_per_period, self.max_tokens_per_period, self.max_seconds_per_period) < 0:
-            raise ConfigError("period limits must be >= 0 (0: no limit)")
 
 
 class Explorer(Service):
@@ -59,13 +30,15 @@ class Explorer(Service):
 
     name = "explorer"
 
-    def __init__(self, cfg: ExplorerServiceConfig, core: ExplorerConfig, backend_cfg: BackendConfig):
-        super().__init__(cfg)
-        self.core, self.backend_cfg = core, backend_cfg
-        self.buffer = SignalBuffer(core)
-        self.sampling = SamplingConfig(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
-                                       seed=backend_cfg.seed)
-        self.json_sampling = dataclasses.replace(self.sampling, max_new_tokens=cfg.json_max_new_tokens)
+    def __init__(self, settings: ExplorerSettings):
+        super().__init__(settings.service)
+        cfg, gen = settings.service, settings.generation
+        self.cfg: ExplorerServiceConfig = cfg
+        self.core, self.seeds, self.backend_cfg = settings.explorer, settings.seeds, settings.backend
+        self.buffer = SignalBuffer(self.core)
+        self.sampling = SamplingConfig(temperature=gen.temperature, max_new_tokens=gen.max_new_tokens,
+                                       seed=self.backend_cfg.seed)
+        self.json_sampling = dataclasses.replace(self.sampling, max_new_tokens=gen.json_max_new_tokens)
         self.budget = Budget(cfg.max_runs_per_period, cfg.max_tokens_per_period, cfg.max_seconds_per_period)
         self.limits = EpisodeLimits(tool_docs=cfg.tool_docs)  # a bad tool_docs fails here, not at the first period
         self.delivered: dict = {}
@@ -96,15 +69,13 @@ class Explorer(Service):
 
     def start(self) -> None:
         from coevolve.services.agent.backends import make_backend
-        from coevolve.services.envs.bfcl_data import seed_pool
 
         cfg = self.cfg
-        categories = [c.strip() for c in self.core.categories.split(",") if c.strip()]
-        self.task_ids = [t.task_id for t in seed_pool(categories, self.core.seed_tasks)]
+        self.task_ids = [t.task_id for t in self.seeds.tasks()]
         if self.core.strategy == "signal-guided":  # the random and static strategies read no model
             self.backend = make_backend(self.backend_cfg)
         self.producer = EventProducer(cfg.kafka_bootstrap, client_id="coevolve-explorer")
-        self.consumer = EventConsumer(cfg.kafka_bootstrap, [SIGNALS.name, STEPS.name], group_id=cfg.group_id,
+        self.consumer = EventConsumer(cfg.kafka_bootstrap, [SIGNALS.name, STEPS.name], group_id=cfg.group(self.name),
                                       service="explorer", deadletters=self.producer)
         self.log.info("explorer.started", bootstrap=cfg.kafka_bootstrap, strategy=self.core.strategy,
                       model=self.backend_cfg.model, backend=self.backend_cfg.backend)

@@ -13,10 +13,11 @@ from pathlib import Path
 
 from coevolve.services.agent.config import BackendConfig, EpisodeLimits
 from coevolve.services.agent.precision import AUTOCASTS
+from coevolve.services.envs.config import SeedPoolConfig
 from coevolve.services.runtime.config import ConfigError, ServiceConfig, Settings, doc
-from coevolve.services.learner.grpo import LOSS_AGG_MODES
 
 REWARDS = ("binary", "partial")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 
 
 @dataclass(frozen=True)
@@ -151,8 +152,6 @@ class LearnerConfig(ServiceConfig):
                          "once, as step 0, and trains nothing.")
     batch_tasks: int = doc(2, "Tasks per step (B).")
     group_size: int = doc(4, "Rollouts per task (K).")
-    categories: str = doc("multi_turn_base", "Comma-separated BFCL categories of the seed pool.")
-    seed_tasks: int = doc(0, "Seed tasks taken from the train split of those categories; 0 takes all.")
     eval_every: int = doc(0, "Evaluate greedily every this many steps and after the last; 0 never.")
     eval_split: str = doc("test", "Split evaluated: test (held out), train or all.")
     eval_tasks: int = doc(0, "Tasks of the split evaluated; 0 evaluates all.")
@@ -167,17 +166,11 @@ class LearnerConfig(ServiceConfig):
         for name in ("batch_tasks", "group_size", "checkpoint_every", "in_flight", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)} must be at least 1")
-        for name in ("steps", "seed_tasks", "eval_every", "eval_tasks", "max_resample", "keep_checkpoints"):
+        for name in ("steps", "eval_every", "eval_tasks", "max_resample", "keep_checkpoints"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 0")
         if self.eval_split not in ("test", "train", "all"):
             raise ConfigError(f"eval_split={self.eval_split!r}: choose test, train or all")
-        if not self.category_list:
-            raise ConfigError("categories is empty; name at least one BFCL category, e.g. multi_turn_base")
-
-    @property
-    def category_list(self) -> list[str]:
-        return [c.strip() for c in self.categories.split(",") if c.strip()]
 
 
 @dataclass(frozen=True)
@@ -187,6 +180,7 @@ class LearnerSettings(Settings):
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    seeds: SeedPoolConfig = field(default_factory=SeedPoolConfig)
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
     backend: BackendConfig = field(default_factory=BackendConfig)
     limits: EpisodeLimits = field(default_factory=EpisodeLimits)

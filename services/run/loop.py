@@ -32,10 +32,9 @@ from coevolve.services.runtime.config import ConfigError
 from coevolve.services.runtime.log import get_logger
 
 log = get_logger("run")
-# Consumer groups that must reach the end of their topics before the run counts as drained.
-DRAIN_GROUPS = {"streams": ("app_id", "coevolve-signals", (TRAJECTORIES.name, STEPS.name)),
-                "explorer": ("group_id", "coevolve-explorer", (SIGNALS.name, STEPS.name)),
-                "validator": ("group_id", "coevolve-validator", (EXPLORATIONS.name,))}
+# The topics whose ends each service's consumer group must reach before the run counts as drained.
+DRAIN_TOPICS = {"streams": (TRAJECTORIES.name, STEPS.name), "explorer": (SIGNALS.name, STEPS.name),
+                "validator": (EXPLORATIONS.name,)}
 
 
 @dataclass
@@ -157,8 +156,7 @@ def drain(s: Session, tally: Tally, printed: set[int]) -> bool:
         while time.monotonic() < deadline:
             follow(s, tally, printed)
             s.supervisor.tend(s.children)
-            behind = probe.behind({name: (s.plan.value(name, key, group), topics)
-                                   for name, (key, group, topics) in DRAIN_GROUPS.items()})
+            behind = probe.behind({name: (s.plan.consumer_group(name), topics) for name, topics in DRAIN_TOPICS.items()})
             if len(tally.seen) != seen or any(behind.values()):
                 quiet_since, seen = time.monotonic(), len(tally.seen)
                 log.info("run.draining", behind=behind)
@@ -181,7 +179,7 @@ def settle_archive(s: Session, timeout_s: float = 120.0) -> None:
                 s.supervisor.tend(["archiver"])
             elif archiver.exit_code is not None:  # the services never all came up: nothing restarts it
                 break
-            if archiver.exit_code is None and probe.lag(s.plan.value("archiver", "group_id", "coevolve-archiver"),
+            if archiver.exit_code is None and probe.lag(s.plan.consumer_group("archiver"),
                                                         list(CATALOG)) == 0:
                 break
             time.sleep(1.0)

@@ -16,19 +16,15 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from coevolve.services.runtime.config import ConfigError, assemble, doc, owners
+from coevolve.services.runtime.config import ConfigError, assemble, doc, owners, parts
 
-# The config dataclasses each service process loads with its section's prefix.
-SERVICE_CONFIGS: dict[str, tuple[str, ...]] = {
-    "learner": ("coevolve.services.learner.config:LearnerSettings",),
-    "streams": ("coevolve.streams.worker.config:StreamsConfig",),
-    "explorer": ("coevolve.services.explorer.config:ExplorerConfig",
-                 "coevolve.services.explorer.service:ExplorerServiceConfig",
-                 "coevolve.services.agent.config:BackendConfig"),
-    "validator": ("coevolve.services.validator.config:ValidatorConfig",
-                  "coevolve.services.validator.service:ValidatorServiceConfig",
-                  "coevolve.services.agent.config:BackendConfig"),
-    "archiver": ("coevolve.services.archive.archiver:ArchiverConfig",),
+# The settings each service process assembles with its section's prefix (runtime/config.assemble).
+SERVICE_SETTINGS: dict[str, str] = {
+    "learner": "coevolve.services.learner.config:LearnerSettings",
+    "streams": "coevolve.streams.worker.config:StreamsConfig",
+    "explorer": "coevolve.services.explorer.config:ExplorerSettings",
+    "validator": "coevolve.services.validator.config:ValidatorSettings",
+    "archiver": "coevolve.services.archive.config:ArchiverConfig",
 }
 # Processes that can act with the learner's policy (run.shared_policy).
 SHARABLE = ("explorer", "validator")
@@ -38,6 +34,10 @@ SHARABLE = ("explorer", "validator")
 LIVENESS_S = {"streams": 120.0, "archiver": 120.0, "explorer": 1800.0, "validator": 1800.0, "learner": 300.0}
 # Set by the run itself for every process; a preset may not override them.
 MANAGED = {"kafka_bootstrap", "metrics_port", "metrics_host", "workdir", "datadir", "run_id", "resume"}
+# Keys a process takes from the learner's section: the explorer explores the learner's seed pool, and a
+# process acting with the learner's policy (run.shared_policy) lists the tools as it was trained to.
+FROM_LEARNER = {"explorer": ("categories", "seed_tasks")}
+FROM_SHARED_POLICY = ("tool_docs",)
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,16 @@ class Plan:
             values["steps"] = self.run.steps
         return {f"{service.upper()}_{key.upper()}": _text(value) for key, value in values.items()}
 
+    def settings(self, service: str) -> Any:
+        """What `service`'s process assembles from its environment."""
+        return assemble(settings_class(service), service, environ=self.env(service))
+
+    def consumer_group(self, service: str) -> str:
+        """The consumer group whose committed offsets are `service`'s progress."""
+        settings = self.settings(service)
+        found = [getattr(settings, name) for name in parts(type(settings)) if name] or [settings]
+        return next(part.group(service) for part in found if hasattr(part, "group"))
+
     def value(self, service: str, key: str, default: Any = None) -> Any:
         return self.sections.get(service, {}).get(key, default)
 
@@ -152,22 +162,19 @@ def _read(preset: str) -> tuple[str, dict]:
     return name, data
 
 
-def _classes(service: str) -> list[type]:
-    return [getattr(importlib.import_module(module), name)
-            for module, name in (spec.split(":") for spec in SERVICE_CONFIGS[service])]
-
-
-def _fields(service: str) -> set[str]:
-    return {name for cls in _classes(service) for name in owners(cls)}
+def settings_class(service: str) -> type:
+    """The config or Settings bundle `service` assembles."""
+    module, name = SERVICE_SETTINGS[service].split(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def _check(section: str, values: dict[str, Any]) -> None:
     if section == "run":
         known = {f.name for f in dataclasses.fields(RunSettings)}
-    elif section in SERVICE_CONFIGS:
-        known = set(_fields(section)) - MANAGED
+    elif section in SERVICE_SETTINGS:
+        known = set(owners(settings_class(section))) - MANAGED
     else:
-        raise ConfigError(f"unknown section {section!r}; sections are run, {', '.join(SERVICE_CONFIGS)}")
+        raise ConfigError(f"unknown section {section!r}; sections are run, {', '.join(SERVICE_SETTINGS)}")
     for key in values:
         if key not in known:
             near = difflib.get_close_matches(key, known, n=1)
@@ -200,16 +207,27 @@ def make_plan(preset: str, overrides: list[str] = ()) -> Plan:
         run = RunSettings(**data.pop("run", {}))
     except TypeError as exc:
         raise ConfigError(f"preset {name!r}: {exc}") from None
-    plan = Plan(preset=name, run=run, sections=data)
     for service in run.sharing:
         if "model" in data.get(service, {}):
             raise ConfigError(f"{service}.model and run.shared_policy both choose the {service}'s model; drop "
                               f"one (--set run.shared_policy= gives the {service} its own)")
-        docs = data.get("learner", {}).get("tool_docs", "full")
-        if data.get(service, {}).get("tool_docs", "full") != docs:
-            raise ConfigError(f"the {service} acts with the learner's policy (run.shared_policy), trained on prompts "
-                              f"that list tools as {docs}: set {service}.tool_docs={docs}")
-    for service in SERVICE_CONFIGS:
-        for cls in _classes(service):  # each process would refuse a bad value; refuse it before starting any
-            assemble(cls, service, environ=plan.env(service))
+    inherit(data, run.sharing)
+    plan = Plan(preset=name, run=run, sections=data)
+    for service in SERVICE_SETTINGS:  # each process would refuse a bad value; refuse it before starting any
+        plan.settings(service)
     return plan
+
+
+def inherit(data: dict[str, dict[str, Any]], sharing: tuple[str, ...]) -> None:
+    """Copy the keys other processes take from the learner's section; setting one of them there is refused."""
+    learner = data.get("learner", {})
+    for service in SERVICE_SETTINGS:
+        keys = FROM_LEARNER.get(service, ()) + (FROM_SHARED_POLICY if service in sharing else ())
+        for key in keys:
+            if key in data.get(service, {}):
+                why = "explores the learner's seed pool" if key in FROM_LEARNER.get(service, ()) else \
+                    "acts with the learner's policy (run.shared_policy)"
+                raise ConfigError(f"{service}.{key}: the {service} {why}, so it takes learner.{key}; set that "
+                                  "instead")
+            if key in learner:
+                data.setdefault(service, {})[key] = learner[key]

@@ -1,14 +1,15 @@
-"""The validator's settings that its core logic reads (stages, novelty threshold, retries).
+"""The validator's settings: how proposed tasks are checked (ValidatorConfig), its service and dual-pass
+attempts (ValidatorServiceConfig), and the parts it shares with other services (ValidatorSettings).
 
-Layered like every service's config (`services/config.py`): defaults, then `VALIDATOR_FIELD`, then
-`FIELD` environment variables, then flags. Broker, model and metrics settings join when the service
-skeleton lands.
+Each key is `VALIDATOR_<FIELD>`, then `<FIELD>`, in the environment, `validator.<field>` in a preset,
+or a flag of `coevolve validator` (services/runtime/config.py).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from coevolve.services.runtime.config import ConfigError, doc
+from coevolve.services.agent.config import BackendConfig, GenerationConfig
+from coevolve.services.runtime.config import ConfigError, ConsumerConfig, Settings, doc
 
 
 @dataclass(frozen=True)
@@ -42,3 +43,38 @@ class ValidatorConfig:
         for name in ("max_turns", "max_calls_per_turn", "parse_attempts", "rounds_per_group"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)} must be at least 1")
+
+
+@dataclass(frozen=True)
+class ValidatorServiceConfig(ConsumerConfig):
+    """The validator service: how long a group waits, and its dual-pass attempts."""
+
+    group_wait_s: float = doc(60.0, "Abstract an incomplete exploration group after it waited this long.")
+    attempts: int = doc(1, "Dual-pass attempts per task, in one batch; the task is kept when any succeeds or "
+                           "earns a positive partial score.")
+    attempt_temperature: float = doc(0.0, "Sampling temperature of the dual-pass attempts; 0 is greedy (one "
+                                          "attempt), above 0 samples each attempt with its own seed.")
+    attempt_calls_per_turn: int = doc(10, "Most tool calls per user turn in the dual-pass attempt.")
+    tool_docs: str = doc("full", "How the attempts' system prompt lists the tools (full or signatures): as the "
+                                 "policy acting here was trained (the learner's tool_docs under run.shared_policy).")
+
+    def __post_init__(self) -> None:
+        if self.group_wait_s <= 0 or self.attempt_calls_per_turn < 1:
+            raise ConfigError("group_wait_s must be > 0 and attempt_calls_per_turn >= 1")
+        if self.attempts < 1 or self.attempt_temperature < 0:
+            raise ConfigError(f"attempts={self.attempts} must be >= 1 and attempt_temperature="
+                              f"{self.attempt_temperature} >= 0")
+        if self.attempts > 1 and self.attempt_temperature == 0:
+            raise ConfigError(f"attempts={self.attempts} greedy attempts would all be the same episode: set "
+                              "attempt_temperature above 0 (e.g. 1.0) or attempts=1")
+
+
+@dataclass(frozen=True)
+class ValidatorSettings(Settings):
+    """Everything `coevolve validator` reads: the abstraction samples at generation.temperature with
+    json_max_new_tokens, the dual-pass attempts at attempt_temperature with max_new_tokens."""
+
+    validator: ValidatorConfig = field(default_factory=ValidatorConfig)
+    service: ValidatorServiceConfig = field(default_factory=ValidatorServiceConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)

@@ -16,55 +16,19 @@ novelty index, so a restart keeps rejecting their duplicates.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 from prometheus_client import Counter, Gauge
 
-from coevolve.services.agent.config import BackendConfig, EpisodeLimits, SamplingConfig
+from coevolve.services.agent.config import EpisodeLimits, SamplingConfig
 from coevolve.services.kafka.consumer import EventConsumer
 from coevolve.services.kafka.producer import EventProducer
 from coevolve.services.kafka.topics import EXPLORATIONS, TASKS
-from coevolve.services.runtime.config import ConfigError, doc
 from coevolve.services.runtime.service import Service
 from coevolve.services.validator.abstraction import synthesized_task_id
-from coevolve.services.validator.config import ValidatorConfig
+from coevolve.services.validator.config import ValidatorServiceConfig, ValidatorSettings
 from coevolve.services.validator.groups import ExplorationGroups
 from coevolve.services.validator.novelty import NoveltyIndex
 from coevolve.services.validator.proposing import Checked, check_groups
-
-
-@dataclass(frozen=True)
-class ValidatorServiceConfig:
-    """Broker, group, sampling, agent limits and metrics of the validator service."""
-
-    kafka_bootstrap: str = doc("127.0.0.1:9092", "Kafka bootstrap address HOST:PORT.")
-    group_id: str = doc("coevolve-validator", "Consumer group; its committed offsets are the validator's progress.")
-    group_wait_s: float = doc(60.0, "Abstract an incomplete exploration group after it waited this long.")
-    temperature: float = doc(0.7, "Sampling temperature of abstractions.")
-    attempts: int = doc(1, "Dual-pass attempts per task, in one batch; the task is kept when any succeeds or "
-                           "earns a positive partial score.")
-    attempt_temperature: float = doc(0.0, "Sampling temperature of the dual-pass attempts; 0 is greedy (one "
-                                          "attempt), above 0 samples each attempt with its own seed.")
-    max_new_tokens: int = doc(256, "New tokens per generation of the dual-pass attempts.")
-    json_max_new_tokens: int = doc(1024, "New tokens per abstraction (a JSON answer); the schema's bounds keep "
-                                         "a complete answer within it.")
-    attempt_calls_per_turn: int = doc(10, "Most tool calls per user turn in the dual-pass attempt.")
-    tool_docs: str = doc("full", "How the attempts' system prompt lists the tools (full or signatures): as the "
-                                 "policy acting here was trained (the learner's tool_docs under run.shared_policy).")
-    idle_exit_seconds: float = doc(0.0, "Stop after this long with nothing to read or check; 0 runs until signalled.")
-    metrics_port: int = doc(-1, "Port of /healthz and /metrics; 0 picks one, -1 disables.")
-    metrics_host: str = doc("127.0.0.1", "Address /healthz and /metrics listen on (0.0.0.0 in a pod).")
-
-    def __post_init__(self) -> None:
-        if self.group_wait_s <= 0 or min(self.max_new_tokens, self.json_max_new_tokens, self.attempt_calls_per_turn) < 1:
-            raise ConfigError("group_wait_s must be > 0, max_new_tokens, json_max_new_tokens and "
-                              "attempt_calls_per_turn >= 1")
-        if self.attempts < 1 or self.attempt_temperature < 0:
-            raise ConfigError(f"attempts={self.attempts} must be >= 1 and attempt_temperature="
-                              f"{self.attempt_temperature} >= 0")
-        if self.attempts > 1 and self.attempt_temperature == 0:
-            raise ConfigError(f"attempts={self.attempts} greedy attempts would all be the same episode: set "
-                              "attempt_temperature above 0 (e.g. 1.0) or attempts=1")
 
 
 class Validator(Service):
@@ -72,13 +36,15 @@ class Validator(Service):
 
     name = "validator"
 
-    def __init__(self, cfg: ValidatorServiceConfig, core: ValidatorConfig, backend_cfg: BackendConfig):
-        super().__init__(cfg)
-        self.core, self.backend_cfg = core, backend_cfg
-        self.groups = ExplorationGroups(core.rounds_per_group)
-        self.sampling = SamplingConfig(temperature=cfg.temperature, max_new_tokens=cfg.json_max_new_tokens,
+    def __init__(self, settings: ValidatorSettings):
+        super().__init__(settings.service)
+        cfg, gen, backend_cfg = settings.service, settings.generation, settings.backend
+        self.cfg: ValidatorServiceConfig = cfg
+        self.core, self.backend_cfg = settings.validator, backend_cfg
+        self.groups = ExplorationGroups(self.core.rounds_per_group)
+        self.sampling = SamplingConfig(temperature=gen.temperature, max_new_tokens=gen.json_max_new_tokens,
                                        seed=backend_cfg.seed)
-        self.attempt_sampling = SamplingConfig(temperature=cfg.attempt_temperature, max_new_tokens=cfg.max_new_tokens,
+        self.attempt_sampling = SamplingConfig(temperature=cfg.attempt_temperature, max_new_tokens=gen.max_new_tokens,
                                                seed=backend_cfg.seed)
         self.limits = EpisodeLimits(max_calls_per_turn=cfg.attempt_calls_per_turn, tool_docs=cfg.tool_docs)
         self.index: NoveltyIndex | None = None
@@ -115,7 +81,7 @@ class Validator(Service):
         known = self._load_catalog()
         self.backend = make_backend(self.backend_cfg)
         self.producer = EventProducer(cfg.kafka_bootstrap, client_id="coevolve-validator")
-        self.consumer = EventConsumer(cfg.kafka_bootstrap, [EXPLORATIONS.name], group_id=cfg.group_id,
+        self.consumer = EventConsumer(cfg.kafka_bootstrap, [EXPLORATIONS.name], group_id=cfg.group(self.name),
                                       service="validator", deadletters=self.producer)
         self.log.info("validator.started", bootstrap=cfg.kafka_bootstrap, validation=self.core.validation,
                       model=self.backend_cfg.model, backend=self.backend_cfg.backend,

@@ -6,13 +6,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coevolve.services.kafka.settings import FETCH_MAX_WAIT_MS
-from coevolve.services.runtime.config import ConfigError, doc
+from coevolve.services.runtime.config import ConfigError, ServiceConfig, doc
 from coevolve.streams.rules import EvidenceLimits, Thresholds
 
 
 @dataclass(frozen=True)
-class StreamsConfig:
-    kafka_bootstrap: str = doc("127.0.0.1:9092", "Kafka bootstrap address HOST:PORT.")
+class StreamsConfig(ServiceConfig):
+    """The signal worker: its Faust app, the signal rules' thresholds and evidence, batching and timing."""
+
     app_id: str = doc("coevolve-signals", "Faust app id: consumer group and prefix of internal topics and tables.")
     success_threshold: float = doc(Thresholds.success_threshold, "tau: a score succeeds at >= tau.")
     window: int = doc(Thresholds.window, "W: previous attempts forgetting looks back on.")
@@ -30,8 +31,6 @@ class StreamsConfig:
     fetch_wait_ms: int = doc(FETCH_MAX_WAIT_MS, "Longest a consumer fetch waits for data at the broker (Faust's "
                              "fixed 1500 is overridden).")
     replication_factor: int = doc(1, "Replicas of the topics the worker creates (internal and changelog topics).")
-    metrics_host: str = doc("127.0.0.1", "Address /healthz and /metrics listen on (0.0.0.0 in a pod).")
-    metrics_port: int = doc(6066, "Port of /healthz and /metrics; -1 disables them.")
     datadir: Path = doc(Path(".coevolve/streams"), "Faust's data directory.")
     log_level: str = doc("warning", "Faust's own log level.")
 
@@ -46,6 +45,10 @@ class StreamsConfig:
             raise ConfigError("grace_s and tick_s must be positive")
         if self.replication_factor < 1:
             raise ConfigError(f"replication_factor={self.replication_factor}: must be >= 1")
+
+    def group(self, service: str) -> str:
+        """The worker's consumer group: its Faust app id."""
+        return self.app_id
 
     def thresholds(self) -> Thresholds:
         return Thresholds(self.success_threshold, self.window, self.rare_threshold, self.pattern_length)

@@ -12,7 +12,8 @@ import uuid
 import pytest
 
 from coevolve.schemas.codec import SCHEMA_DIR, SchemaRegistry
-from coevolve.services.archive.archiver import Archiver, ArchiverConfig
+from coevolve.services.archive.archiver import Archiver
+from coevolve.services.archive.config import ArchiverConfig
 from coevolve.services.clickhouse.client import connect
 from coevolve.services.kafka.producer import EventProducer
 from coevolve.services.simulate import SimulationConfig, Simulator, publish

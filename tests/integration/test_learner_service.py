@@ -16,11 +16,12 @@ import pytest
 
 from coevolve.services.agent.config import BackendConfig, EpisodeLimits
 from coevolve.services.envs.bfcl_data import load_tasks
+from coevolve.services.envs.config import SeedPoolConfig
 from coevolve.services.kafka.consumer import EventConsumer
 from coevolve.services.kafka.producer import EventProducer
 from coevolve.services.kafka.topics import EVALUATIONS, STEPS, TASKS, TRAJECTORIES
 from coevolve.services.learner.checkpoint import latest_checkpoint
-from coevolve.services.learner.config import GRPOConfig, LearnerConfig, LearnerSettings, SamplerConfig
+from coevolve.services.learner.config import GRPOConfig, LearnerConfig, LearnerSettings
 from coevolve.services.learner.service import Learner
 from coevolve.services.runtime.config import ConfigError
 
@@ -39,8 +40,9 @@ def odd_length(episode) -> float:
 
 def learner(bootstrap, workdir, steps, reward=odd_length, **kwargs) -> Learner:
     cfg = LearnerConfig(kafka_bootstrap=bootstrap, workdir=workdir, steps=steps, batch_tasks=B, group_size=K,
-                        seed_tasks=3, max_new_tokens=8, **kwargs)
-    return Learner(LearnerSettings(cfg, GRPOConfig(lr=1e-3), backend=BACKEND, limits=LIMITS), reward=reward)
+                        max_new_tokens=8, **kwargs)
+    return Learner(LearnerSettings(cfg, GRPOConfig(lr=1e-3), seeds=SeedPoolConfig(seed_tasks=3), backend=BACKEND,
+                                   limits=LIMITS), reward=reward)
 
 
 def read(bootstrap, topics):

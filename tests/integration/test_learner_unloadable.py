@@ -5,6 +5,7 @@ import json
 import pytest
 
 from coevolve.schemas.codec import default_registry
+from coevolve.services.envs.config import SeedPoolConfig
 from coevolve.services.kafka.producer import EventProducer
 from coevolve.services.kafka.topics import DEADLETTER, STEPS, TASKS
 from coevolve.services.learner.config import GRPOConfig, LearnerConfig, LearnerSettings, SamplerConfig
@@ -25,9 +26,10 @@ def test_an_unloadable_task_is_dead_lettered_and_the_learner_trains_on(bootstrap
     producer.flush()
     producer.close()
     cfg = LearnerConfig(kafka_bootstrap=bootstrap, workdir=tmp_path, steps=1, batch_tasks=2, group_size=2,
-                        seed_tasks=3, run_id="run-poison", max_new_tokens=8)
+                        run_id="run-poison", max_new_tokens=8)
     service = Learner(LearnerSettings(cfg, GRPOConfig(lr=1e-3), SamplerConfig(sampler="static", static_wait_s=4.0),
-                                      backend=BACKEND, limits=LIMITS), reward=odd_length)
+                                      SeedPoolConfig(seed_tasks=3), backend=BACKEND, limits=LIMITS),
+                      reward=odd_length)
     service.run()
     assert service.done == 1
     assert service.registry.get_sample_value("learner_tasks_unloadable_total") == 1.0

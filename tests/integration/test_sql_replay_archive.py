@@ -5,7 +5,8 @@ import uuid
 
 import pytest
 
-from coevolve.services.archive.archiver import Archiver, ArchiverConfig
+from coevolve.services.archive.archiver import Archiver
+from coevolve.services.archive.config import ArchiverConfig
 from coevolve.services.kafka.producer import EventProducer
 from coevolve.services.simulate import SimulationConfig
 from coevolve.streams.replay.command import run_replay

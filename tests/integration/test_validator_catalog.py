@@ -7,8 +7,8 @@ from coevolve.services.agent.config import BackendConfig
 from coevolve.services.envs import bfcl_data
 from coevolve.services.kafka.producer import EventProducer
 from coevolve.services.kafka.topics import TASKS
-from coevolve.services.validator.config import ValidatorConfig
-from coevolve.services.validator.service import Validator, ValidatorServiceConfig
+from coevolve.services.validator.config import ValidatorServiceConfig, ValidatorSettings
+from coevolve.services.validator.service import Validator
 from coevolve.services.validator.stages import StageOutcome
 from coevolve.services.validator.verdict import Verdict, verdict_record
 
@@ -35,8 +35,8 @@ def test_a_started_validator_counts_the_tasks_validated_before_as_known(bootstra
                        _record(changed, False)):  # the last verdict of a task is the one that holds
             producer.send(TASKS.name, record, key=record["task_id"])
         producer.flush()
-    validator = Validator(ValidatorServiceConfig(kafka_bootstrap=bootstrap, group_id="catalog"), ValidatorConfig(),
-                          BackendConfig(model="tiny-random", backend="transformers"))
+    validator = Validator(ValidatorSettings(service=ValidatorServiceConfig(kafka_bootstrap=bootstrap, group_id="catalog"),
+                                            backend=BackendConfig(model="tiny-random", backend="transformers")))
     try:
         validator.start()
         seeds = len(bfcl_data.load_tasks(split="all"))

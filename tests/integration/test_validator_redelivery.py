@@ -9,8 +9,8 @@ from coevolve.services.agent import backends
 from coevolve.services.agent.config import BackendConfig
 from coevolve.services.kafka.producer import EventProducer
 from coevolve.services.kafka.topics import DEADLETTER, EXPLORATIONS, TASKS
-from coevolve.services.validator.config import ValidatorConfig
-from coevolve.services.validator.service import Validator, ValidatorServiceConfig
+from coevolve.services.validator.config import ValidatorConfig, ValidatorServiceConfig, ValidatorSettings
+from coevolve.services.validator.service import Validator
 from tests.events import read_topic
 from tests.unit.test_validator_service import CALLS, LIMITS, PROPOSAL, _backend, _group
 
@@ -21,8 +21,10 @@ GROUP = "validator-redelivery"
 def _validator(bootstrap: str, monkeypatch, attempt: str) -> Validator:
     """A validator whose model is scripted: abstractions answer PROPOSAL, the dual-pass agent `attempt`."""
     monkeypatch.setattr(backends, "make_backend", lambda cfg: _backend(json.dumps(PROPOSAL), attempt))
-    validator = Validator(ValidatorServiceConfig(kafka_bootstrap=bootstrap, group_id=GROUP, group_wait_s=600),
-                          ValidatorConfig(rounds_per_group=2), BackendConfig(model="tiny-random"))
+    validator = Validator(ValidatorSettings(ValidatorConfig(rounds_per_group=2),
+                                            ValidatorServiceConfig(kafka_bootstrap=bootstrap, group_id=GROUP,
+                                                                   group_wait_s=600),
+                                            backend=BackendConfig(model="tiny-random"))))
     validator.limits = LIMITS  # the scripted model's byte tokenizer spends a token per byte
     validator.start()
     return validator

@@ -4,7 +4,7 @@ from coevolve.services.learner.config import LearnerSettings
 from coevolve.services.learner.sampler import load_problem
 from coevolve.services.learner.service import Learner
 from coevolve.services.run.plan import make_plan
-from coevolve.services.runtime.config import assemble, load
+from coevolve.services.runtime.config import assemble
 
 
 def demo_learner() -> Learner:
@@ -23,7 +23,7 @@ def test_the_demo_pool_takes_a_validated_task_between_steps_and_the_next_step_dr
     learner = demo_learner()
     pool = learner._pool()
     b = learner.cfg.batch_tasks
-    assert learner.sampler_cfg.fresh_first and pool.size == learner.cfg.seed_tasks == 16
+    assert learner.sampler_cfg.fresh_first and pool.size == learner.seeds.seed_tasks == 16
     pool.refresh(1)
     first = pool.draw(b)
     assert all(d.source == "seed" for d in first)
@@ -38,11 +38,10 @@ def test_the_demo_pool_takes_a_validated_task_between_steps_and_the_next_step_dr
 
 
 def test_the_demo_explorer_falls_back_on_the_learners_own_seed_tasks():
-    from coevolve.services.envs.bfcl_data import seed_pool
-    from coevolve.services.explorer.config import ExplorerConfig
+    from coevolve.services.explorer.config import ExplorerSettings
 
     plan = make_plan("demo")
-    explorer = load(ExplorerConfig, "explorer", environ=plan.env("explorer"))
-    mine = [t.task_id for t in seed_pool(explorer.categories.split(","), explorer.seed_tasks)]
+    explorer = assemble(ExplorerSettings, "explorer", environ=plan.env("explorer"))
+    mine = [t.task_id for t in explorer.seeds.tasks()]
     assert set(mine) == set(demo_learner()._pool().seed) and len(set(mine)) == 16
     assert {t.split("_")[-2] for t in mine} == {"base", "param"}  # both categories, interleaved

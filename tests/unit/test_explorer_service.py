@@ -7,7 +7,8 @@ from coevolve.services.explorer.config import ExplorerConfig
 from coevolve.services.explorer.exploring import Budget, explore_plan, explore_static
 from coevolve.services.explorer.planning import (Plan, SignalBuffer, exploration_id, pick_random_tasks,
                                                  random_source_id)
-from coevolve.services.explorer.service import ExplorerServiceConfig
+from coevolve.services.envs.config import SeedPoolConfig
+from coevolve.services.explorer.config import ExplorerServiceConfig
 from coevolve.services.runtime.config import ConfigError
 from tests.agent_helpers import ScriptedBackend, byte_tokenizer
 from tests.unit.test_explorer_reflection import boundary_signal
@@ -146,8 +147,8 @@ def test_negative_period_limits_are_refused():
         ExplorerServiceConfig(max_runs_per_period=-1)
 
 
-def test_the_task_pool_setting_is_checked():
-    with pytest.raises(ConfigError, match="seed_tasks=-1 be >= 0"):
-        ExplorerConfig(seed_tasks=-1)
-    with pytest.raises(ConfigError, match="must name a BFCL category"):
-        ExplorerConfig(categories=" ")
+def test_the_seed_pool_setting_is_checked():
+    with pytest.raises(ConfigError, match=r"seed_tasks=-1 must be >= 0 \(0 takes all\)"):
+        SeedPoolConfig(seed_tasks=-1)
+    with pytest.raises(ConfigError, match="categories is empty; name at least one BFCL category"):
+        SeedPoolConfig(categories=" , ")

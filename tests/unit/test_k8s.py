@@ -59,7 +59,7 @@ def test_kafka_topics_are_the_catalog_and_the_workers_own_topics(target):
 
 @pytest.mark.parametrize("target", OVERLAYS)
 def test_every_config_map_key_is_read_and_valid(target, tmp_path):
-    from coevolve.services.archive.archiver import ArchiverConfig
+    from coevolve.services.archive.config import ArchiverConfig
 
     docs = render(target)
     data = config(docs)

@@ -68,9 +68,9 @@ def kafka_clients(docs, tmp_path):
         if argv is None:
             continue
         env = with_mounted_files(container_env(c, docs), workload, c, docs, tmp_path)
-        configs = [load(cls, prefix, environ=env) for cls, prefix in loaded_configs(command_of(argv)[1])]
-        if any(hasattr(cfg, "kafka_bootstrap") for cfg in configs):
-            yield workload, c, configs
+        loaded = [(load(cls, prefix, environ=env), prefix) for cls, prefix in loaded_configs(command_of(argv)[1])]
+        if any(hasattr(cfg, "kafka_bootstrap") for cfg, _ in loaded):
+            yield workload, c, loaded
 
 
 def test_the_listener_requires_scram_over_tls_and_the_simple_authorizer(docs):
@@ -113,10 +113,11 @@ def test_each_client_writes_exactly_its_topics(docs, user):
 
 def test_each_client_reads_its_topics_and_group_and_nothing_more(docs, tmp_path):
     seen = set()
-    for workload, _, configs in kafka_clients(docs, tmp_path):
+    for workload, _, loaded in kafka_clients(docs, tmp_path):
+        configs = [cfg for cfg, _ in loaded]
         name = workload["metadata"]["name"]
         rules, seen = users(docs)[name], seen | {name}
-        groups = {getattr(cfg, key) for cfg in configs for key in ("group_id", "app_id") if hasattr(cfg, key)}
+        groups = {cfg.group(prefix) for cfg, prefix in loaded if hasattr(cfg, "group")}
         reads = {t for cfg in configs for t in getattr(cfg, "topic_list", [])} or READS[name]  # the archiver: all
         own = {t for t in topics(docs) if t.startswith(app_id(docs) + "-")} if name == "streams-worker" else set()
         assert {t for t in topics(docs) if allows(rules, "topic", t, "Read")} == reads | own, name

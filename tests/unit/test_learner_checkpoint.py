@@ -1,4 +1,6 @@
 """Learner checkpoints round-trip the policy, optimizer and sampler state; runs are never overwritten."""
+import re
+
 import pytest
 import torch
 
@@ -19,7 +21,7 @@ def engine(**fields):
 
 def train(e):
     seq = TrainSequence([1, 2, 3, 4], [0, 1, 1, 1], [0.0, -4.0, -4.0, -4.0], 1.0)
-    e.train_step([seq, TrainSequence(seq.token_ids, seq.loss_mask, seq.logprobs, -1.0)])
+    e.update([seq, TrainSequence(seq.token_ids, seq.loss_mask, seq.logprobs, -1.0)])
 
 
 @pytest.mark.parametrize("fields", [{}, {"lora_rank": 2, "lora_targets": "q_proj,v_proj"}], ids=["full", "lora"])
@@ -36,7 +38,7 @@ def test_a_checkpoint_restores_weights_optimizer_and_state(tmp_path, fields):
     ckpt.restore_engine(b, found)
     for (name, x), (_, y) in zip(a.named_parameters(), b.named_parameters()):
         assert torch.equal(x, y), name
-    assert b.steps == 1
+    assert b.updates == 1
     train(a)
     train(b)  # the same Adam moments give the same next update
     for (name, x), (_, y) in zip(a.named_parameters(), b.named_parameters()):
@@ -86,8 +88,11 @@ def test_the_learner_refuses_an_http_backend(tmp_path):
                                 backend=BackendConfig(backend="openai", base_url="http://127.0.0.1:1/v1")))
 
 
-@pytest.mark.parametrize("kwargs", [dict(steps=-1), dict(batch_tasks=0), dict(group_size=0), dict(eval_every=-1),
-                                    dict(eval_split="dev"), dict(categories=" , "), dict(keep_checkpoints=-1)])
-def test_bad_learner_settings_fail_with_a_message(kwargs):
-    with pytest.raises(ConfigError):
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(steps=-1), "steps=-1 must be >= 0"), (dict(batch_tasks=0), "batch_tasks=0 must be at least 1"),
+    (dict(group_size=0), "group_size=0 must be at least 1"), (dict(eval_every=-1), "eval_every=-1 must be >= 0"),
+    (dict(eval_split="dev"), "eval_split='dev': choose test, train or all"),
+    (dict(keep_checkpoints=-1), "keep_checkpoints=-1 must be >= 0")])
+def test_bad_learner_settings_fail_with_a_message(kwargs, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         LearnerConfig(**kwargs)

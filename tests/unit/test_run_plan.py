@@ -77,11 +77,22 @@ def test_shared_policy_names_only_the_explorer_or_validator_and_does_not_fight_t
         make_plan("smoke", ["validator.model=tiny-random"])
     assert make_plan("smoke", ["validator.model=tiny-random", "run.shared_policy=explorer"]).run.sharing == (
         "explorer",)
-    with pytest.raises(ConfigError, match="the explorer acts with the learner's policy .* set explorer.tool_docs="
-                                          "signatures"):
+    with pytest.raises(ConfigError, match=r"validator.tool_docs: the validator acts with the learner's policy "
+                                          r"\(run.shared_policy\), so it takes learner.tool_docs"):
         make_plan("smoke", ["learner.tool_docs=signatures", "validator.tool_docs=signatures"])
-    docs = ["learner.tool_docs=signatures", "explorer.tool_docs=signatures", "validator.tool_docs=signatures"]
-    assert make_plan("smoke", docs).sections["validator"]["tool_docs"] == "signatures"
+
+
+def test_processes_take_the_learners_seed_pool_and_a_shared_policys_tool_listing_from_its_section():
+    plan = make_plan("smoke", ["learner.tool_docs=signatures", "learner.seed_tasks=5"])
+    assert plan.env("explorer")["EXPLORER_TOOL_DOCS"] == plan.env("validator")["VALIDATOR_TOOL_DOCS"] == "signatures"
+    assert plan.env("explorer")["EXPLORER_SEED_TASKS"] == "5"
+    assert plan.env("explorer")["EXPLORER_CATEGORIES"] == plan.value("learner", "categories")
+    alone = make_plan("smoke", ["learner.tool_docs=signatures", "run.shared_policy=explorer",
+                                "validator.model=tiny-random", "validator.tool_docs=full"])
+    assert alone.value("validator", "tool_docs") == "full"  # its own policy lists tools its own way
+    with pytest.raises(ConfigError, match=r"explorer.seed_tasks: the explorer explores the learner's seed pool, "
+                                          r"so it takes learner.seed_tasks"):
+        make_plan("smoke", ["explorer.seed_tasks=3"])
 
 
 def test_restarts_are_budgeted_per_window_with_a_backoff_and_checked():

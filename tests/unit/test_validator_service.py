@@ -12,7 +12,7 @@ from coevolve.services.validator.abstraction import synthesized_task_id
 from coevolve.services.validator.config import ValidatorConfig
 from coevolve.services.validator.novelty import NoveltyIndex
 from coevolve.services.validator.proposing import check_group, check_groups
-from coevolve.services.validator.service import ValidatorServiceConfig
+from coevolve.services.validator.config import ValidatorServiceConfig
 from coevolve.services.runtime.config import ConfigError
 from tests.agent_helpers import ScriptedBackend, byte_tokenizer
 
