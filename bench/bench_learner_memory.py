@@ -39,7 +39,7 @@ def main() -> None:
     engine = build_engine(random_llama("smollm2-135m", seed=0), config)
     built = peak_gib()
     started = time.perf_counter()
-    engine.train_step(batch)
+    engine.update(batch)
     seconds = time.perf_counter() - started
     print(f"machine: {machine()}")
     print(f"length {args.length}, gradient checkpointing {args.gradient_checkpointing}: {seconds:.1f} s, "

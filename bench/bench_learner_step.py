@@ -30,8 +30,7 @@ from coevolve.services.kafka.embedded import EmbeddedBroker
 from coevolve.services.kafka.topics import create_topics
 from coevolve.services.learner.config import GRPOConfig, LearnerConfig, LearnerSettings
 from coevolve.services.learner.service import Learner
-
-PHASES = ("rollout", "scoring", "training", "push", "publish", "blocked")
+from coevolve.services.learner.step import PHASES
 
 
 def parity(episode) -> float:
@@ -70,7 +69,7 @@ def main() -> None:
         try:
             for _ in range(args.steps):
                 learner.step()
-                records.append(learner.last.record)
+                records.append(learner.last.record.to_event())
         finally:
             learner.finish()
         wall = time.monotonic() - started

@@ -4,7 +4,7 @@
         [--compare engines|autocast|packing] [--prompt 0] [--gradient-checkpointing]
 
 Random-weight Llama models built from a config (`tiny`: 2.9M parameters; `smollm2-135m`: SmolLM2-135M's
-shape), float32. A step is `engine.train_step` on `batch` sequences of `length` tokens, the second
+shape), float32. A step is `engine.update` on `batch` sequences of `length` tokens, the second
 half of each generated (loss mask 1), micro-batches of 2, KL off, AdamW; tokens/s counts every token
 the forward and backward passes process. One untimed warm-up step per engine, then `repeats` steps
 of each, alternating the two engines (so both see the same load from other jobs), and the medians.
@@ -53,11 +53,11 @@ def interleaved(engines: dict, batch: list[TrainSequence], repeats: int) -> dict
     tokens = sum(len(s.token_ids) for s in batch)
     runs: dict[str, list[float]] = {name: [] for name in engines}
     for name, engine in engines.items():
-        engine.train_step(batch)  # warm-up
+        engine.update(batch)  # warm-up
     for _ in range(repeats):
         for name, engine in engines.items():
             start = time.perf_counter()
-            engine.train_step(batch)
+            engine.update(batch)
             runs[name].append(tokens / (time.perf_counter() - start))
     return runs
 

@@ -3,9 +3,10 @@
 A checkpoint holds the policy weights (as the engine trains them: LoRA adapters unmerged), the
 optimizer state, and `state.json` (step, run id, policy version, sampler state, config). It is written
 to a temporary folder and renamed into place, and only then does `latest` move (written the same
-way), so a crash mid-write leaves the previous checkpoint current. DeepSpeed engines save through
-DeepSpeed's own checkpointing (its optimizer state is partitioned). Older checkpoints beyond `keep`
-are deleted: a SmolLM2 checkpoint with AdamW state is about 1.6 GB.
+way), so a crash mid-write leaves the previous checkpoint current. The engine writes and reads its own
+files (`Engine.save` / `Engine.load`: torch files, or DeepSpeed's own checkpoint, whose optimizer
+state is partitioned). Older checkpoints beyond `keep` are deleted: a SmolLM2 checkpoint with AdamW
+state is about 1.6 GB.
 """
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    from coevolve.services.learner.engine import Engine
 
 LATEST = "latest"
 
@@ -47,19 +49,16 @@ def _write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def save_checkpoint(workdir: Path, engine: Any, *, step: int, run_id: str, policy_version: int,
+def save_checkpoint(workdir: Path, engine: Engine, *, step: int, run_id: str, policy_version: int,
                     sampler: dict[str, Any], config: dict[str, Any], keep: int = 2) -> Path:
     """Write step `step`'s checkpoint, point `latest` at it, and keep only the newest `keep`."""
     final = step_dir(workdir, step)
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    if hasattr(engine, "ds"):
-        engine.ds.save_checkpoint(str(tmp / "deepspeed"), tag="model")
-    else:
-        torch.save(engine.policy_module.state_dict(), tmp / "policy.pt")
-        torch.save(engine.optimizer.state_dict(), tmp / "optimizer.pt")
-    state = {"step": step, "run_id": run_id, "policy_version": policy_version, "engine_steps": engine.steps,
+    engine.save(tmp)
+    # "engine_steps": the engine's update count, under the key older checkpoints have
+    state = {"step": step, "run_id": run_id, "policy_version": policy_version, "engine_steps": engine.updates,
              "sampler": sampler, "config": config}
     (tmp / "state.json").write_text(json.dumps(state, default=str), encoding="utf-8")
     shutil.rmtree(final, ignore_errors=True)
@@ -90,12 +89,8 @@ def latest_checkpoint(workdir: Path) -> Checkpoint | None:
                       state["sampler"], state.get("config", {}))
 
 
-def restore_engine(engine: Any, checkpoint: Checkpoint) -> None:
-    """Load the policy and optimizer state of `checkpoint` into `engine`."""
-    if hasattr(engine, "ds"):
-        engine.ds.load_checkpoint(str(checkpoint.path / "deepspeed"), tag="model")
-    else:
-        engine.policy_module.load_state_dict(torch.load(checkpoint.path / "policy.pt", weights_only=True))
-        engine.optimizer.load_state_dict(torch.load(checkpoint.path / "optimizer.pt", weights_only=True))
+def restore_engine(engine: Engine, checkpoint: Checkpoint) -> None:
+    """Load the policy and optimizer state of `checkpoint` into `engine`, and its update count."""
+    engine.load(checkpoint.path)
     state = json.loads((checkpoint.path / "state.json").read_text(encoding="utf-8"))
-    engine.steps = int(state.get("engine_steps", checkpoint.step))
+    engine.updates = int(state.get("engine_steps", checkpoint.step))

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import torch
 
@@ -80,7 +81,14 @@ class DeepSpeedEngine(Engine):
     def _backward(self, loss: torch.Tensor) -> None:
         self.ds.backward(loss, scale_wrt_gas=False)
 
-    def _step(self) -> float:
+    def _optimizer_step(self) -> float:
         self.ds.step()
         norm = self.ds.get_global_grad_norm()
         return float(norm) if norm is not None else float("nan")
+
+    def save(self, folder: Path) -> None:
+        """DeepSpeed's own checkpoint (its optimizer state may be partitioned) in `folder/deepspeed`."""
+        self.ds.save_checkpoint(str(folder / "deepspeed"), tag="model")
+
+    def load(self, folder: Path) -> None:
+        self.ds.load_checkpoint(str(folder / "deepspeed"), tag="model")

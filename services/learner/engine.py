@@ -1,20 +1,23 @@
-"""Training engines: one `train_step(batch) -> metrics` over GRPO sequences, plain torch or DeepSpeed.
+"""Training engines: one `update(batch) -> metrics` over GRPO sequences, plain torch or DeepSpeed.
 
-A step computes each sequence's loss weight over the whole batch first (`grpo.sequence_scales`),
+An update computes each sequence's loss weight over the whole batch first (`grpo.sequence_scales`),
 then runs micro-batches of `micro_batch_size` sequences, each forward/backward adding its share of
 the gradient, and takes one optimizer step. Because the weights are fixed per batch, the
 accumulated gradient equals the full batch's, whatever the micro-batch size. With `shared_prefix`
 (the default) a micro-batch is a pack of rollouts with the same prompt (`packing.py`), which is
 computed once for the pack instead of once per rollout.
 
-The reference policy for the KL term exists only when `kl_beta > 0`: a frozen copy of the starting
-weights, or, with LoRA, the same model with its adapters switched off (no copy).
+An engine takes a model already prepared for its config (`engines.prepare_policy`: the packing
+attention, gradient checkpointing, LoRA); `engines.build_engine` does both. The reference policy for
+the KL term exists only when `kl_beta > 0`: a frozen copy of the starting weights, or, with LoRA, the
+same model with its adapters switched off (no copy).
 """
 from __future__ import annotations
 
 import copy
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import torch
 
@@ -22,30 +25,27 @@ from coevolve.services.agent.precision import autocast_bf16
 from coevolve.services.learner import grpo, packing
 from coevolve.services.learner.batch import Collated, TrainSequence, collate, micro_batches
 from coevolve.services.learner.config import GRPOConfig
-from coevolve.services.learner.lora import add_lora, is_lora, merged_named_parameters
-
-
-def attention_mask(mb: Collated) -> None:
-    """No mask: `collate` pads on the right, so under the causal mask no real token attends to padding
-    (and padding carries no loss). An explicit mask would make PyTorch's SDPA leave its causal fast
-    path for a kernel that keeps T x T scores per head and layer: gigabytes on a 5k-token episode."""
-    del mb
-    return None
+from coevolve.services.learner.lora import is_lora, merged_named_parameters
 
 
 class Engine:
-    """The step loop shared by every engine; subclasses own the optimizer and the backward."""
+    """The update loop shared by every engine; subclasses own the optimizer, the backward and the files.
+
+    `model` must be prepared for `config` (`engines.prepare_policy`); the constructor checks the parts
+    that would otherwise compute something else silently, and changes nothing in the model."""
 
     def __init__(self, model: torch.nn.Module, config: GRPOConfig, pad_id: int = 0) -> None:
+        if config.shared_prefix and model.config._attn_implementation != packing.ATTENTION:
+            raise ValueError("shared_prefix packs rollouts, which needs the model switched to the packing "
+                             "attention first: build the engine with engines.build_engine, or call "
+                             "engines.prepare_policy on the model")
+        if bool(config.lora_rank) != is_lora(model):
+            raise ValueError(f"lora_rank={config.lora_rank} but the model {'has no' if config.lora_rank else 'has'} "
+                             "LoRA adapters: prepare it with engines.prepare_policy")
         self.config = config
         self.pad_id = pad_id
-        self.steps = 0
-        if config.shared_prefix:
-            packing.use_shared_prefix_attention(model)
-        if config.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if config.lora_rank:
-            model = add_lora(model, config)
+        self.updates = 0
+        """Updates taken (one optimizer step each), restored from a checkpoint."""
         self.reference = None
         if config.kl_beta > 0 and not is_lora(model):
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
@@ -59,18 +59,26 @@ class Engine:
     def _backward(self, loss: torch.Tensor) -> None:
         raise NotImplementedError
 
-    def _step(self) -> float:
-        """Clip, update, zero the gradients; return the gradient norm before clipping."""
+    def _optimizer_step(self) -> float:
+        """Clip, step the optimizer, zero the gradients; return the gradient norm before clipping."""
+        raise NotImplementedError
+
+    def save(self, folder: Path) -> None:
+        """Write the trained weights (LoRA adapters unmerged) and the optimizer state into `folder`."""
+        raise NotImplementedError
+
+    def load(self, folder: Path) -> None:
+        """Read back what `save` wrote into `folder`."""
         raise NotImplementedError
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def train_step(self, batch: Sequence[TrainSequence]) -> dict[str, float]:
-        """One GRPO update on `batch`; returns the step's metrics."""
+    def update(self, batch: Sequence[TrainSequence]) -> dict[str, float]:
+        """One GRPO update on `batch` (one optimizer step); returns the update's metrics."""
         if not batch:
-            raise ValueError("train_step needs at least one sequence")
+            raise ValueError("update needs at least one sequence")
         start = time.perf_counter()
         cfg = self.config
         self.model.train()
@@ -91,8 +99,8 @@ class Engine:
             self._backward(loss)
             for key, value in stats.items():
                 sums[key] += value
-        grad_norm = self._step()
-        self.steps += 1
+        grad_norm = self._optimizer_step()
+        self.updates += 1
         seconds = time.perf_counter() - start
         loss_tokens = int(counts.sum())
         return {
@@ -108,8 +116,10 @@ class Engine:
         if pk is not None:
             return pk.logprobs(forward(**pk.model_inputs()), mb.input_ids.shape, self.config.temperature)
         keep = grpo.kept_positions(mb.loss_mask)
-        logits = forward(input_ids=mb.input_ids, attention_mask=attention_mask(mb), use_cache=False,
-                         logits_to_keep=keep)
+        # No attention mask: `collate` pads on the right, so under the causal mask no real token attends
+        # to padding (and padding carries no loss). A mask would make PyTorch's SDPA leave its causal
+        # fast path for a kernel that keeps T x T scores per head and layer: gigabytes on a 5k-token episode.
+        logits = forward(input_ids=mb.input_ids, use_cache=False, logits_to_keep=keep)
         return grpo.kept_logprobs(logits, mb.input_ids, keep, self.config.temperature)
 
     def _micro_loss(self, mb: Collated, pk: packing.Pack | None,
@@ -125,7 +135,7 @@ class Engine:
                                 mb.loss_mask, scales)
             loss = pg_loss + cfg.kl_beta * kl
             kl_value = float(kl.detach())
-        # every micro-batch runs before the one optimizer step, so this is the rollout/trainer mismatch
+        # every micro-batch runs before the update's optimizer step, so this is the rollout/trainer mismatch
         gap = (logp.detach() - mb.old_logprobs).abs()
         drift = float(torch.where(mb.loss_mask.bool(), gap, torch.zeros_like(gap)).sum())
         return loss, {"loss": float(loss.detach()), "pg_loss": float(pg_loss.detach()), "kl": kl_value,
@@ -172,11 +182,19 @@ class TorchEngine(Engine):
     def _backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 
-    def _step(self) -> float:
+    def _optimizer_step(self) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]
         limit = self.config.max_grad_norm or float("inf")
         norm = torch.nn.utils.clip_grad_norm_(params, limit) if params else torch.tensor(0.0)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return float(norm)
+
+    def save(self, folder: Path) -> None:
+        torch.save(self.policy_module.state_dict(), folder / "policy.pt")
+        torch.save(self.optimizer.state_dict(), folder / "optimizer.pt")
+
+    def load(self, folder: Path) -> None:
+        self.policy_module.load_state_dict(torch.load(folder / "policy.pt", weights_only=True))
+        self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
 

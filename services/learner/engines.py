@@ -1,18 +1,37 @@
-"""Pick the training engine a learner config asks for."""
+"""Prepare a model for GRPO updates and pick the training engine a learner config asks for."""
 from __future__ import annotations
 
 import torch
 
+from coevolve.services.learner import packing
 from coevolve.services.learner.config import GRPOConfig
 from coevolve.services.learner.engine import Engine, TorchEngine
+from coevolve.services.learner.lora import add_lora
+
+
+def prepare_policy(model: torch.nn.Module, config: GRPOConfig) -> torch.nn.Module:
+    """Ready a transformers model for the updates `config` asks for; return the model to train.
+
+    In this order: with `shared_prefix`, switch it to the packing attention (registered with
+    transformers' AttentionInterface, a process-wide registry); with `gradient_checkpointing`, turn
+    that on; with `lora_rank`, wrap it in LoRA adapters (the returned model is then the peft one).
+    The first two change `model` in place."""
+    if config.shared_prefix:
+        packing.use_shared_prefix_attention(model)
+    if config.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if config.lora_rank:
+        model = add_lora(model, config)
+    return model
 
 
 def build_engine(model: torch.nn.Module, config: GRPOConfig, pad_id: int = 0) -> Engine:
-    """DeepSpeed when `config.deepspeed_config` names a file, plain torch otherwise."""
+    """`prepare_policy(model)` in an engine: DeepSpeed when `config.deepspeed_config` names a file, plain
+    torch otherwise."""
+    model = prepare_policy(model, config)
     if config.deepspeed_config:
         # Imported here: importing deepspeed picks its accelerator once (deepspeed_engine's docstring).
         from coevolve.services.learner.deepspeed_engine import DeepSpeedEngine
 
         return DeepSpeedEngine(model, config, pad_id)
     return TorchEngine(model, config, pad_id)
-

@@ -16,8 +16,9 @@ An entry holds:
                     log-probs, advantage); empty when the step did not train
     records.json    the TrajectoryRecorded records, the EvaluationCompleted record or null, and the
                     StepCompleted record as built before publishing
-    state.json      step, run id, whether it trained, the policy version and engine steps after it,
-                    and the pool's state after it (what it had taken in from coevolve.tasks, its RNG)
+    state.json      step, run id, whether it trained, the policy version and the engine's update
+                    count after it (key `engine_steps`), and the pool's state after it (what it had
+                    taken in from coevolve.tasks, its RNG)
     published.json  the StepCompleted record as sent (with its publish time): written once the
                     trajectories are confirmed and before the record is sent, so a replay sends
                     the very record a consumer may already hold
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from coevolve.services.learner.batch import TrainSequence
+from coevolve.services.learner.step import StepRecord
 
 PREFIX = "step-"
 
@@ -51,10 +53,10 @@ class Entry:
     batch: list[TrainSequence]
     trajectories: list[dict[str, Any]]
     evaluation: dict[str, Any] | None
-    record: dict[str, Any]
+    record: StepRecord
     """The StepCompleted record: as sent when `published`, else as built before publishing."""
     policy_version: int
-    engine_steps: int
+    engine_updates: int
     sampler: dict[str, Any]
     published: bool = False
 
@@ -85,21 +87,21 @@ def write(workdir: Path, entry: Entry) -> Path:
                                 "logprobs": [float(p) for p in s.logprobs], "advantage": float(s.advantage)}
                                for s in entry.batch])
     _dump(tmp / "records.json", {"trajectories": entry.trajectories, "evaluation": entry.evaluation,
-                                 "record": entry.record})
+                                 "record": entry.record.to_event()})
     _dump(tmp / "state.json", {"step": entry.step, "run_id": entry.run_id, "trained": entry.trained,
-                               "policy_version": entry.policy_version, "engine_steps": entry.engine_steps,
+                               "policy_version": entry.policy_version, "engine_steps": entry.engine_updates,
                                "sampler": entry.sampler})
     if entry.published:
-        _dump(tmp / "published.json", entry.record)
+        _dump(tmp / "published.json", entry.record.to_event())
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     return final
 
 
-def mark_published(path: Path, record: dict[str, Any]) -> None:
+def mark_published(path: Path, record: StepRecord) -> None:
     """Keep `record` as the StepCompleted record that is sent for the entry at `path` (atomic)."""
     tmp = path / "published.json.tmp"
-    _dump(tmp, record)
+    _dump(tmp, record.to_event())
     os.replace(tmp, path / "published.json")
 
 
@@ -111,8 +113,8 @@ def read(path: Path) -> Entry:
              for s in _load(path / "batch.json")]
     return Entry(step=int(state["step"]), run_id=str(state["run_id"]), trained=bool(state["trained"]),
                  batch=batch, trajectories=records["trajectories"], evaluation=records["evaluation"],
-                 record=_load(path / "published.json") if published else records["record"],
-                 policy_version=int(state["policy_version"]), engine_steps=int(state["engine_steps"]),
+                 record=StepRecord.from_event(_load(path / "published.json") if published else records["record"]),
+                 policy_version=int(state["policy_version"]), engine_updates=int(state["engine_steps"]),
                  sampler=state["sampler"], published=published)
 
 

@@ -1,7 +1,7 @@
 """`coevolve learner`: GRPO steps on the streaming task pool, published as events (a runtime.Service).
 
-Each `step()` of the service loop is one training step: take arrived tasks into the pool (the only
-time the learner waits on the loop), run the GRPO step (`step.StepRunner`), evaluate when due, write
+Each `step()` of the service loop is one GRPO step: take arrived tasks into the pool (the only
+time the learner waits on the loop), run the step (`step.StepRunner`), evaluate when due, write
 the step's journal entry (`journal.py`: the batch the update trained on, the records to publish, the
 pool's state after the step), then publish every trajectory, the `EvaluationCompleted` if any, and
 the `StepCompleted`, each batch confirmed by the broker before the next, and checkpoint every
@@ -11,8 +11,8 @@ the loop at the next step boundary; `finish()` checkpoints the last completed st
 Resuming. Event ids derive from (run, step, task, rollout), and consumers keep the first copy of an
 id, so a step that published before a crash must never be re-run: its rollouts and update would
 differ from what was published. `--resume` restores the latest checkpoint c and then replays every
-journal entry c+1..k in order, without rollouts: the same `engine.train_step` on the journaled batch
-(so the weights, the optimizer state and `engine.steps` follow the path they took, with DeepSpeed and
+journal entry c+1..k in order, without rollouts: the same `engine.update` on the journaled batch
+(so the weights, the optimizer state and `engine.updates` follow the path they took, with DeepSpeed and
 LoRA alike), the pool's state after the step, and the step's records sent again as journaled (same
 ids and content, which also completes a publish the crash cut short; the evaluation is sent as it
 was, never re-run). The weights are pushed to the rollout backend once, after the last entry, with
@@ -37,17 +37,16 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from coevolve.services.agent.config import SamplingConfig
 from coevolve.services.agent.episodes import EpisodesStopped
+from coevolve.services.envs.base import Task
 from coevolve.services.kafka.topics import DEADLETTER, EVALUATIONS, STEPS, TASKS, TRAJECTORIES
 from coevolve.services.learner import checkpoint as ckpt
 from coevolve.services.learner import journal
 from coevolve.services.learner.config import LearnerConfig, LearnerSettings
 from coevolve.services.learner.evaluation import due, evaluate
 from coevolve.services.learner.sampler import TaskFeed, TaskPool
-from coevolve.services.learner.step import Reward, StepResult, StepRunner
+from coevolve.services.learner.step import PHASES, Reward, StepRecord, StepResult, StepRunner
 from coevolve.services.runtime.config import ConfigError
 from coevolve.services.runtime.service import Service
-
-PHASES = ("rollout", "scoring", "training", "push", "publish", "blocked")
 
 
 def resolve_run(cfg: LearnerConfig) -> tuple[str, ckpt.Checkpoint | None]:
@@ -123,7 +122,8 @@ class Learner(Service):
         from coevolve.services.agent.backends import make_backend
         from coevolve.services.kafka.producer import EventProducer
 
-        self.starting_policy()
+        self.pool = self._pool()
+        self.backend_cfg = dataclasses.replace(self.backend_cfg, model=self.starting_policy())
         self.backend = make_backend(self.backend_cfg)
         self.engine = self._engine()
         if self.resumed is not None:
@@ -162,31 +162,33 @@ class Learner(Service):
         self.log.info("learner.evaluated", step=0, success_rate=evaluation["success_rate"],
                       mean_score=evaluation["mean_score"], tasks=evaluation["task_count"])
 
-    def _pool(self) -> TaskPool:
+    def _seed_tasks(self) -> list[Task]:
         from coevolve.services.envs.bfcl_data import seed_pool
 
-        return TaskPool(seed_pool(self.cfg.category_list, self.cfg.seed_tasks), self.sampler_cfg,
-                        seed=self.backend_cfg.seed)
+        return seed_pool(self.cfg.category_list, self.cfg.seed_tasks)
+
+    def _pool(self) -> TaskPool:
+        """A fresh pool of the seed tasks (a resumed run restores its state after)."""
+        return TaskPool(self._seed_tasks(), self.sampler_cfg, seed=self.backend_cfg.seed)
 
     def starting_policy(self) -> str:
-        """The model the first rollouts come from: the warmed one (trained here on first use) when the
-        warm-up is on, else the configured model. No broker and no engine needed."""
-        self.pool = self.pool or self._pool()
-        if self.warmup.warmup_steps:
-            self._warm_up()
-        return self.backend_cfg.model
+        """The model the first rollouts come from: the warmed one when the warm-up is on (`warm_up`),
+        else the configured model. No broker and no engine needed."""
+        return self.warm_up() if self.warmup.warmup_steps else self.backend_cfg.model
 
-    def _warm_up(self) -> None:
-        """Roll out and train from the warmed model (trained here on first use, cached after)."""
+    def warm_up(self) -> str:
+        """The warmed model's directory: trained here from the configured model on first use, cached after."""
         from coevolve.services.learner.warmup import warm_model
 
         base = self.backend_cfg.model
+        tasks = list({t.task_id: t for t in self._seed_tasks()}.values())  # the pool's seed tasks
         path = warm_model(base, self.backend_cfg.coevolve_home, self.warmup, self.grpo, self.backend_cfg.seed,
-                          list(self.pool.seed.values()), self.limits)
-        self.backend_cfg = dataclasses.replace(self.backend_cfg, model=str(path))
+                          tasks, self.limits)
         self.log.info("learner.warmed", base=base, model=str(path))
+        return str(path)
 
     def _engine(self):
+        """The engine over the rollout backend's starting weights, prepared for `self.grpo` (build_engine)."""
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -228,17 +230,17 @@ class Learner(Service):
             if entry.run_id != self.run_id:
                 raise ConfigError(f"{path} is a step of run {entry.run_id}, not of {self.run_id}; move the "
                                   "journal away, or choose another --workdir")
-            loss = self.engine.train_step(entry.batch)["loss"] if entry.trained else None
-            if self.engine.steps != entry.engine_steps:
-                raise RuntimeError(f"{path} was journaled at engine step {entry.engine_steps}, its replay reached "
-                                   f"{self.engine.steps}: the journal does not continue the checkpoint")
+            loss = self.engine.update(entry.batch)["loss"] if entry.trained else None
+            if self.engine.updates != entry.engine_updates:
+                raise RuntimeError(f"{path} was journaled after engine update {entry.engine_updates}, its replay "
+                                   f"reached {self.engine.updates}: the journal does not continue the checkpoint")
             self.pool.restore(entry.sampler)
             self._publish(path, entry.trajectories, entry.evaluation, entry.record, published=entry.published)
             self.done, version, self.pool_state = entry.step, entry.policy_version, entry.sampler
             self.m_replayed.inc()
             self.beat()
             self.log.info("learner.step_replayed", step=entry.step, trained=entry.trained, loss=loss,
-                          journaled_loss=entry.record["loss"], trajectories=len(entry.trajectories),
+                          journaled_loss=entry.record.loss, trajectories=len(entry.trajectories),
                           version=version, record_was_sent=entry.published)
         return version
 
@@ -254,20 +256,20 @@ class Learner(Service):
             return
         finally:
             self._report_unloadable()  # tasks the step's draws dropped
-        evaluation = None
+        record, evaluation = result.record, None
         if due(self.cfg, step):
             evaluation = evaluate(self.backend, self.backend_cfg, self.cfg, self.limits,
                                   self.sampling.max_new_tokens, self.run_id, step)
-            result.record["eval_score"] = evaluation["success_rate"]
+            record = record.evaluated(evaluation["success_rate"])
         started = time.perf_counter()
         sampler = self.pool.state()
         path = journal.write(self.cfg.workdir, journal.Entry(
-            step, self.run_id, result.trained, result.batch, result.trajectories, evaluation, result.record,
-            self.backend.version, self.engine.steps, sampler))
-        result.record = self._publish(path, result.trajectories, evaluation, result.record, started=started)
-        self.done, self.last, self.pool_state = step, result, sampler
+            step, self.run_id, result.trained, result.batch, result.trajectories, evaluation, record,
+            self.backend.version, self.engine.updates, sampler))
+        record = self._publish(path, result.trajectories, evaluation, record, started=started)
+        self.done, self.last, self.pool_state = step, dataclasses.replace(result, record=record), sampler
         self.blocked += blocked
-        self._observe(result, evaluation)
+        self._observe(record, evaluation)
         self.beat()
         if step % self.cfg.checkpoint_every == 0 or step >= self.cfg.steps:
             self._checkpoint()
@@ -275,7 +277,7 @@ class Learner(Service):
             self.stop()
 
     def _publish(self, path: Path, trajectories: list[dict[str, Any]], evaluation: dict[str, Any] | None,
-                 record: dict[str, Any], published: bool = False, started: float | None = None) -> dict[str, Any]:
+                 record: StepRecord, published: bool = False, started: float | None = None) -> StepRecord:
         """Trajectories first, confirmed; then the evaluation and the step record, which is returned.
 
         A step record not sent before gets its publish time (since `started`: the journal write
@@ -286,12 +288,11 @@ class Learner(Service):
             self.producer.send(TRAJECTORIES.name, trajectory, key=trajectory["task_id"])
         self.producer.flush()
         if not published:
-            seconds = time.perf_counter() - started
-            record = {**record, "publish_seconds": seconds, "duration_seconds": record["duration_seconds"] + seconds}
+            record = record.published(time.perf_counter() - started)
             journal.mark_published(path, record)
         if evaluation is not None:
             self.producer.send(EVALUATIONS.name, evaluation, key=self.run_id)
-        self.producer.send(STEPS.name, record, key=self.run_id)
+        self.producer.send(STEPS.name, record.to_event(), key=self.run_id)
         self.producer.flush()
         return record
 
@@ -315,24 +316,22 @@ class Learner(Service):
         if sent:
             self.producer.flush()
 
-    def _observe(self, result: StepResult, evaluation: dict[str, Any] | None) -> None:
-        rec = result.record
+    def _observe(self, rec: StepRecord, evaluation: dict[str, Any] | None) -> None:
         self.m_steps.inc()
-        self.m_trajectories.inc(rec["trajectory_count"])
-        self.m_reward.set(rec["train_reward"])
-        self.m_version.set(rec["policy_version"])
-        self.m_pool.labels("seed").set(rec["pool_size"] - rec["pool_synthesized"])
-        self.m_pool.labels("synthesized").set(rec["pool_synthesized"])
-        self.m_step_s.observe(rec["duration_seconds"])
+        self.m_trajectories.inc(rec.trajectory_count)
+        self.m_reward.set(rec.train_reward)
+        self.m_version.set(rec.policy_version)
+        self.m_pool.labels("seed").set(rec.pool_size - rec.pool_synthesized)
+        self.m_pool.labels("synthesized").set(rec.pool_synthesized)
+        self.m_step_s.observe(rec.duration_seconds)
         for phase in PHASES:
-            self.m_phase.labels(phase).inc(rec[f"{phase}_seconds"] or 0.0)
+            self.m_phase.labels(phase).inc(getattr(rec, f"{phase}_seconds") or 0.0)
         self.m_blocked.set(self.blocked_share)
         if evaluation is not None:
             self.m_eval.set(evaluation["success_rate"])
-        self.log.info("learner.step", step=rec["step"], reward=round(rec["train_reward"], 4), loss=rec["loss"],
-                      trajectories=rec["trajectory_count"], pool=rec["pool_size"],
-                      synthesized=rec["pool_synthesized"], version=rec["policy_version"],
-                      seconds=round(rec["duration_seconds"], 2), eval_score=rec["eval_score"])
+        self.log.info("learner.step", step=rec.step, reward=round(rec.train_reward, 4), loss=rec.loss,
+                      trajectories=rec.trajectory_count, pool=rec.pool_size, synthesized=rec.pool_synthesized,
+                      version=rec.policy_version, seconds=round(rec.duration_seconds, 2), eval_score=rec.eval_score)
 
     @property
     def blocked_share(self) -> float:

@@ -1,29 +1,34 @@
-"""One GRPO training step, top to bottom: sample, roll out, score, advantages, update, push.
+"""One GRPO training step, top to bottom: sample, roll out, score, advantages, sequences, update, push,
+and the records the service publishes.
 
-    drawn    = pool.draw(B)                                    # the pool changed only before this step
-    episodes = run_episodes(K copies of each task, backend)    # batched multi-turn rollouts
-    rewards  = success (binary) or fraction of turns passed (partial)
-    A_i      = (r_i - mean_group) / (std_group + eps)          # grpo.group_advantages
+    drawn    = pool.draw(B)                                    # sample: the pool changed only before this step
+    episodes = run_episodes(K copies of each task, backend)    # roll out: batched multi-turn rollouts
+    rewards  = success (binary) or fraction of turns passed (partial)               # score
     dynamic sampling: groups with equal rewards are replaced by new draws, up to max_resample rounds
-    engine.train_step(TrainSequences with A_i)                 # clipped ratio against rollout log-probs
-    backend.update_weights(policy, version + 1)                # the next rollouts use the new policy
+    A_i      = (r_i - mean_group) / (std_group + eps)          # advantages: grpo.group_advantages
+    batch    = one TrainSequence per rollout, with its A_i     # sequences
+    engine.update(batch)                                       # update: clipped ratio against rollout log-probs
+    backend.update_weights(policy, version + 1)                # push: the next rollouts use the new policy
+    trajectories, StepRecord                                   # publish: what the service sends
 
 Every rollout of the step (dropped flat groups included) becomes a `TrajectoryRecorded` record, and
-the step a `StepCompleted` record; publishing them is the service's job, after the step is complete,
-so nothing of an abandoned step reaches the broker. The result also carries the exact batch the
-update trained on, which the service journals so that a resumed learner replays the update instead
-of re-running the step (journal.py). A drawn task whose episode cannot start is dropped from the pool
-and replaced by another draw (`TaskPool.draw`), so no episode meets an `InvalidTask`. Rollout
-log-probs are those of the tempered sampling distribution (the backends report them so), the same
-quantity `grpo.token_logprobs` computes with `GRPOConfig.temperature`, which is also the rollout
+the step a `StepRecord` (the `StepCompleted` event); publishing them is the service's job, after the
+step is complete, so nothing of an abandoned step reaches the broker. The result also carries the
+exact batch the update trained on, which the service journals so that a resumed learner replays the
+update instead of re-running the step (journal.py). A drawn task whose episode cannot start is dropped
+from the pool and replaced by another draw (`TaskPool.draw`), so no episode meets an `InvalidTask`.
+Rollout log-probs are those of the tempered sampling distribution (the backends report them so), the
+same quantity `grpo.token_logprobs` computes with `GRPOConfig.temperature`, which is also the rollout
 temperature: the ratio is 1 before an update. `scoring_seconds` covers rewards and advantages; the
 environment's own turn checks run inside the episodes and count as rollout time.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +53,85 @@ def reward_function(name: str) -> Reward:
     raise ValueError(f"unknown reward {name!r}; use binary or partial")
 
 
+@dataclass(frozen=True)
+class StepRecord:
+    """One step as the `StepCompleted` event tells it (schemas/StepCompleted.avsc, field for field, in its
+    order); built once at the end of the step, then given its evaluation score and its publish time."""
+
+    event_id: str
+    run_id: str
+    step: int
+    trajectory_count: int
+    """Trajectories the step published (every rollout, flat groups included)."""
+    policy_version: int
+    """The rollout backend's policy version after the step (+1 when it pushed an update)."""
+    train_reward: float
+    """Mean reward of the step's rollouts."""
+    eval_score: float | None
+    """Held-out success rate, when the step ended with an evaluation."""
+    loss: float | None
+    """The update's loss; None when the step took no update."""
+    duration_seconds: float
+    """The step's wall time: the blocked time before it, the step itself and its publishing."""
+    pool_size: int
+    pool_synthesized: int
+    zero_variance_groups: int
+    resampled_groups: int
+    tokens_trained: int
+    synthesized_trained: int
+    """Rollouts of synthesized tasks whose group gave the update a gradient; 0 without an update."""
+    synthesized_tasks_trained: int
+    rollout_seconds: float
+    scoring_seconds: float
+    training_seconds: float
+    push_seconds: float
+    publish_seconds: float | None
+    """None until the service has published the step's trajectories (`published`)."""
+    blocked_seconds: float
+    produced_at: int
+
+    def evaluated(self, score: float) -> StepRecord:
+        """This record with the evaluation the step ended with."""
+        return dataclasses.replace(self, eval_score=score)
+
+    def published(self, seconds: float) -> StepRecord:
+        """This record with its publish time, which also counts in the step's duration."""
+        return dataclasses.replace(self, publish_seconds=seconds, duration_seconds=self.duration_seconds + seconds)
+
+    def to_event(self) -> dict[str, Any]:
+        """The `StepCompleted` event (and the journal's record): every field, in the schema's order."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_event(cls, event: dict[str, Any]) -> StepRecord:
+        return cls(**event)
+
+
+PHASES = tuple(f.name.removesuffix("_seconds") for f in dataclasses.fields(StepRecord)
+               if f.name.endswith("_seconds") and f.name != "duration_seconds")
+"""The parts a step's time is split into, each a `<phase>_seconds` field: rollout, scoring, training,
+push (timed by the step), publish and blocked (by the service)."""
+
+
+@dataclass
+class PhaseTimes:
+    """Seconds spent so far in each phase the step times itself; `with times.phase("rollout"): ...`."""
+
+    rollout: float = 0.0
+    scoring: float = 0.0
+    training: float = 0.0
+    push: float = 0.0
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Add the time the block takes to phase `name` (an exception's too)."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            setattr(self, name, getattr(self, name) + time.perf_counter() - started)
+
+
 @dataclass
 class Group:
     """The K rollouts of one drawn task and their rewards."""
@@ -61,17 +145,41 @@ class Group:
         return max(self.rewards) == min(self.rewards)
 
 
-@dataclass
-class StepResult:
-    """What a finished step publishes: its trajectories, then its `StepCompleted` record."""
+@dataclass(frozen=True)
+class Rollouts:
+    """What a step rolled out and scored."""
 
-    step: int
-    trajectories: list[dict[str, Any]]
-    record: dict[str, Any]
-    train_metrics: dict[str, float]
+    groups: list[Group]
+    """Every group, in the order drawn: all of them are published."""
+    kept: list[Group]
+    """The groups the update trains on (without dynamic sampling, all of them)."""
+    resampled: int
+    """Groups drawn again to replace flat ones (dynamic sampling)."""
+
+
+@dataclass(frozen=True)
+class Update:
+    """The engine's update over a step's batch, and the push that followed it."""
+
+    metrics: dict[str, float]
+    """The engine's metrics of the update; empty when there was none."""
     trained: bool
+    """Whether the update (and the push) happened: not when no advantage was non-zero."""
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What a finished step publishes (its trajectories, then its record) and the batch it trained on."""
+
+    trajectories: list[dict[str, Any]]
+    record: StepRecord
+    update: Update
     batch: list[TrainSequence] = field(default_factory=list)
     """The sequences the update trained on; empty when the step did not train."""
+
+    @property
+    def trained(self) -> bool:
+        return self.update.trained
 
 
 def step_event_id(run_id: str, step: int) -> str:
@@ -88,36 +196,26 @@ class StepRunner:
         self.env = env
         self.sampling, self.limits, self.run_id = sampling, limits, run_id
         self.reward = reward or reward_function(grpo.reward)
-        self.times: dict[str, float] = {}
+        self.times = PhaseTimes()
         self.should_stop: Callable[[], bool] | None = None  # the service's stop flag: abandon the rollouts
 
-    def _timed(self, name: str, work: Callable[[], Any]) -> Any:
+    def run(self, step: int, blocked_seconds: float = 0.0) -> StepResult:
+        """One whole step; `blocked_seconds` is what the pool's refresh before it took."""
         started = time.perf_counter()
-        try:
-            return work()
-        finally:
-            self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - started
+        self.times = PhaseTimes()
+        rollouts = self.gather()  # sample, roll out, score
+        with self.times.phase("scoring"):
+            batch = self.sequences(rollouts.kept)  # advantages, sequences
+        update = self.update_and_push(batch)  # update, push
+        trajectories = self.trajectories(step, rollouts.groups)  # publish: what the service sends
+        record = self.record(step, rollouts, update, len(trajectories), started, blocked_seconds)
+        return StepResult(trajectories, record, update, batch if update.trained else [])
 
-    def roll_out(self, drawn: Sequence[Drawn]) -> list[Group]:
-        """K rollouts of every drawn task in one batched run, scored."""
-        k = self.cfg.group_size
-        tasks = [d.task for d in drawn for _ in range(k)]
-        episodes = self._timed("rollout", lambda: run_episodes(
-            tasks, self.env, self.backend, self.sampling, self.limits, max_in_flight=self.cfg.in_flight,
-            should_stop=self.should_stop))
-        groups = [Group(d, episodes[i * k:(i + 1) * k]) for i, d in enumerate(drawn)]
-
-        def score() -> None:
-            for group in groups:
-                group.rewards = [self.reward(e) for e in group.episodes]
-        self._timed("scoring", score)
-        return groups
-
-    def gather(self) -> tuple[list[Group], list[Group], int]:
-        """Roll out B tasks (and redraws); return every group, the groups to train on, and the redraws."""
+    def gather(self) -> Rollouts:
+        """Roll out B drawn tasks, scored; with dynamic sampling, redraw to replace the flat groups."""
         groups = self.roll_out(self.pool.draw(self.cfg.batch_tasks))
         if not self.cfg.dynamic_sampling:
-            return groups, groups, 0
+            return Rollouts(groups, groups, 0)
         kept = [g for g in groups if not g.flat]
         resampled = 0
         for _ in range(self.cfg.max_resample):
@@ -128,7 +226,20 @@ class StepRunner:
             resampled += len(fresh)
             groups += fresh
             kept += [g for g in fresh if not g.flat]
-        return groups, kept[:self.cfg.batch_tasks], resampled
+        return Rollouts(groups, kept[:self.cfg.batch_tasks], resampled)
+
+    def roll_out(self, drawn: Sequence[Drawn]) -> list[Group]:
+        """K rollouts of every drawn task in one batched run, scored."""
+        k = self.cfg.group_size
+        tasks = [d.task for d in drawn for _ in range(k)]
+        with self.times.phase("rollout"):
+            episodes = run_episodes(tasks, self.env, self.backend, self.sampling, self.limits,
+                                    max_in_flight=self.cfg.in_flight, should_stop=self.should_stop)
+        groups = [Group(d, episodes[i * k:(i + 1) * k]) for i, d in enumerate(drawn)]
+        with self.times.phase("scoring"):
+            for group in groups:
+                group.rewards = [self.reward(e) for e in group.episodes]
+        return groups
 
     def sequences(self, groups: Sequence[Group]) -> list[TrainSequence]:
         """One TrainSequence per rollout, with its group-relative advantage."""
@@ -140,40 +251,15 @@ class StepRunner:
         episodes = [e for g in groups for e in g.episodes]
         return [TrainSequence.from_episode(e, float(a)) for e, a in zip(episodes, advantages)]
 
-    def train_and_push(self, batch: list[TrainSequence]) -> tuple[dict[str, float], bool]:
-        """Update the policy and load it into the rollout backend; skip when no advantage is non-zero."""
+    def update_and_push(self, batch: list[TrainSequence]) -> Update:
+        """Update the policy and load it into the rollout backend; neither when no advantage is non-zero."""
         if not any(s.advantage != 0.0 and s.loss_tokens for s in batch):
-            return {}, False
-        metrics = self._timed("training", lambda: self.engine.train_step(batch))
-        self._timed("push", lambda: self.backend.update_weights(self.engine.named_parameters(),
-                                                                version=self.backend.version + 1))
-        return metrics, True
-
-    def run(self, step: int, blocked_seconds: float = 0.0) -> StepResult:
-        """One whole step; `blocked_seconds` is what the pool's refresh before it took."""
-        started = time.perf_counter()
-        self.times = {}
-        groups, kept, resampled = self.gather()
-        batch = self._timed("scoring", lambda: self.sequences(kept))
-        metrics, trained = self.train_and_push(batch)
-        trajectories = self.trajectories(step, groups)
-        rewards = [r for g in groups for r in g.rewards]
-        synthesized = [g for g in kept if g.drawn.source == "synthesized" and not g.flat] if trained else []
-        record = {
-            "event_id": step_event_id(self.run_id, step), "run_id": self.run_id, "step": step,
-            "trajectory_count": len(trajectories), "policy_version": self.backend.version,
-            "train_reward": sum(rewards) / len(rewards), "eval_score": None,
-            "loss": metrics.get("loss"), "duration_seconds": time.perf_counter() - started + blocked_seconds,
-            "pool_size": self.pool.size, "pool_synthesized": len(self.pool.synthesized),
-            "zero_variance_groups": sum(g.flat for g in groups), "resampled_groups": resampled,
-            "tokens_trained": int(metrics.get("loss_tokens", 0)) if trained else 0,
-            "synthesized_trained": sum(len(g.episodes) for g in synthesized),
-            "synthesized_tasks_trained": len({g.drawn.task.task_id for g in synthesized}),
-            "rollout_seconds": self.times.get("rollout", 0.0), "scoring_seconds": self.times.get("scoring", 0.0),
-            "training_seconds": self.times.get("training", 0.0), "push_seconds": self.times.get("push", 0.0),
-            "publish_seconds": None, "blocked_seconds": blocked_seconds,
-            "produced_at": int(time.time() * 1000)}
-        return StepResult(step, trajectories, record, metrics, trained, batch if trained else [])
+            return Update({}, False)
+        with self.times.phase("training"):
+            metrics = self.engine.update(batch)
+        with self.times.phase("push"):
+            self.backend.update_weights(self.engine.named_parameters(), version=self.backend.version + 1)
+        return Update(metrics, True)
 
     def trajectories(self, step: int, groups: Sequence[Group]) -> list[dict[str, Any]]:
         """Every rollout as a TrajectoryRecorded record; a task drawn twice keeps distinct rollout indices."""
@@ -187,3 +273,23 @@ class StepRunner:
                 out.append(episode.to_trajectory_event(self.run_id, step, base + i, self.cfg.group_size,
                                                        task_source=group.drawn.source))
         return out
+
+    def record(self, step: int, rollouts: Rollouts, update: Update, trajectory_count: int, started: float,
+               blocked_seconds: float) -> StepRecord:
+        """The step's record, before its evaluation and publishing (`started`: the step's perf_counter start)."""
+        rewards = [r for g in rollouts.groups for r in g.rewards]
+        synthesized = [g for g in rollouts.kept if g.drawn.source == "synthesized" and not g.flat] \
+            if update.trained else []
+        return StepRecord(
+            event_id=step_event_id(self.run_id, step), run_id=self.run_id, step=step,
+            trajectory_count=trajectory_count, policy_version=self.backend.version,
+            train_reward=sum(rewards) / len(rewards), eval_score=None, loss=update.metrics.get("loss"),
+            duration_seconds=time.perf_counter() - started + blocked_seconds,
+            pool_size=self.pool.size, pool_synthesized=len(self.pool.synthesized),
+            zero_variance_groups=sum(g.flat for g in rollouts.groups), resampled_groups=rollouts.resampled,
+            tokens_trained=int(update.metrics.get("loss_tokens", 0)) if update.trained else 0,
+            synthesized_trained=sum(len(g.episodes) for g in synthesized),
+            synthesized_tasks_trained=len({g.drawn.task.task_id for g in synthesized}),
+            rollout_seconds=self.times.rollout, scoring_seconds=self.times.scoring,
+            training_seconds=self.times.training, push_seconds=self.times.push, publish_seconds=None,
+            blocked_seconds=blocked_seconds, produced_at=int(time.time() * 1000))

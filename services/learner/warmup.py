@@ -142,7 +142,7 @@ def train(base: Path, out: Path, warm: WarmupConfig, grpo: GRPOConfig, seed: int
              steps=warm.warmup_steps, batch=warm.warmup_batch, lr=warm.warmup_lr)
     with tqdm(total=warm.warmup_steps, desc="warm-up", unit="step", file=sys.stderr) as bar:
         for batch in order:
-            losses.append(_step(model, optimizer, [examples[i] for i in batch], grpo))
+            losses.append(_optimizer_step(model, optimizer, [examples[i] for i in batch], grpo))
             bar.set_postfix(loss=f"{losses[-1]:.3f}")
             bar.update()
     model.eval()
@@ -183,7 +183,7 @@ def _batches(n: int, size: int, steps: int, seed: int) -> list[list[int]]:
     return out
 
 
-def _step(model, optimizer, batch: list[Example], grpo: GRPOConfig) -> float:
+def _optimizer_step(model, optimizer, batch: list[Example], grpo: GRPOConfig) -> float:
     """One optimizer step of token-mean cross-entropy over the batch's masked tokens; the mean loss."""
     import torch
 

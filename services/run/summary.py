@@ -8,7 +8,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from coevolve.services.run.tally import STAGE_TIMES, Tally
+from coevolve.services.learner.step import PHASES
+from coevolve.services.run.tally import Tally
 from coevolve.streams.rules import Thresholds
 
 
@@ -96,7 +97,7 @@ def build(tally: Tally, plan_info: dict[str, Any], phases: dict[str, float], th:
           state: str) -> dict[str, Any]:
     """The summary document (see README, "coevolve run")."""
     steps = [tally.steps[s] | {"step": s} for s in sorted(tally.steps)]
-    stage_seconds = {k: sum(s.get(f"{k}_seconds") or 0.0 for s in steps) for k in STAGE_TIMES}
+    stage_seconds = {k: sum(s.get(f"{k}_seconds") or 0.0 for s in steps) for k in PHASES}
     busy = sum(s.get("duration_seconds") or 0.0 for s in steps)
     rejected = [v for v in tally.verdicts.values() if v["verdict"] == "rejected"]
     by_stage = Counter(v["stage"] or "unknown" for v in rejected)

@@ -6,15 +6,14 @@ exactly what is on the broker, whoever published it. Redelivered events (same `e
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-STEP_FIELDS = ("trajectory_count", "policy_version", "train_reward", "loss", "duration_seconds", "pool_size",
-               "pool_synthesized", "zero_variance_groups", "resampled_groups", "tokens_trained", "synthesized_trained",
-               "synthesized_tasks_trained",
-               "rollout_seconds", "scoring_seconds", "training_seconds", "push_seconds", "publish_seconds",
-               "blocked_seconds", "eval_score")
-STAGE_TIMES = ("rollout", "scoring", "training", "push", "publish", "blocked")
+from coevolve.services.learner.step import PHASES, StepRecord
+
+STEP_FIELDS = tuple(f.name for f in fields(StepRecord) if f.name not in ("event_id", "run_id", "step", "produced_at"))
+"""What the tally keeps of a StepCompleted event: every field of the learner's StepRecord but its identity and
+production time (an event of an older schema version lacks some; they read as None)."""
 
 
 @dataclass
@@ -115,7 +114,7 @@ class Tally:
         rejected = len(self.verdicts) - self.validated
         pool = s.get("pool_size")
         pool_text = "-" if pool is None else f"{pool} ({s.get('pool_synthesized') or 0} new)"
-        times = " ".join(f"{k} {s[f'{k}_seconds']:.1f}s" for k in STAGE_TIMES[:3] if s.get(f"{k}_seconds") is not None)
+        times = " ".join(f"{k} {s[f'{k}_seconds']:.1f}s" for k in PHASES[:3] if s.get(f"{k}_seconds") is not None)
         return (f"step {step}/{total}  rollouts {s.get('trajectory_count')}  reward {reward}  loss {loss}  "
                 f"signals {signals}  explorations {explored}  verdicts {self.validated} ok/{rejected} rejected  "
                 f"pool {pool_text}  [{times}]")

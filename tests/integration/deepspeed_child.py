@@ -9,7 +9,6 @@ import tempfile
 
 from coevolve.services.learner import checkpoint as ckpt
 from coevolve.services.learner.config import GRPOConfig
-from coevolve.services.learner.engine import TorchEngine
 from coevolve.services.learner.engines import build_engine
 from coevolve.services.learner.shapes import random_llama
 from tests.integration.test_learner_engine import SMALL, make_batch, max_diff, weights
@@ -17,23 +16,23 @@ from tests.integration.test_learner_engine import SMALL, make_batch, max_diff, w
 
 def resumed_weight_diff(ds, config: GRPOConfig, steps: int) -> float:
     """Checkpoint `ds`, restore into a fresh engine (the starting weights, so the same KL reference), take
-    one more step with both, and return the largest weight difference between them: 0 when the trained
+    one more update with both, and return the largest weight difference between them: 0 when the trained
     weights and the optimizer's moments came back."""
     with tempfile.TemporaryDirectory() as workdir:
         ckpt.save_checkpoint(workdir, ds, step=steps, run_id="run-ds", policy_version=steps, sampler={}, config={})
         resumed = build_engine(random_llama("tiny", seed=0, **SMALL), config)
         ckpt.restore_engine(resumed, ckpt.latest_checkpoint(workdir))
-    assert resumed.steps == ds.steps
+    assert resumed.updates == ds.updates
     for engine in (ds, resumed):
-        engine.train_step(make_batch(seed=steps))
+        engine.update(make_batch(seed=steps))
     return max_diff(weights(ds), weights(resumed))
 
 
 def main(ds_file: str, steps: int, micro_batch: int, kl_beta: float) -> None:
     common = dict(lr=1e-3, micro_batch_size=micro_batch, kl_beta=kl_beta, max_grad_norm=1.0)
-    plain = TorchEngine(random_llama("tiny", seed=0, **SMALL), GRPOConfig(**common))
+    plain = build_engine(random_llama("tiny", seed=0, **SMALL), GRPOConfig(**common))
     ds = build_engine(random_llama("tiny", seed=0, **SMALL), GRPOConfig(**common, deepspeed_config=ds_file))
-    runs = [(plain.train_step(make_batch(seed=s)), ds.train_step(make_batch(seed=s))) for s in range(steps)]
+    runs = [(plain.update(make_batch(seed=s)), ds.update(make_batch(seed=s))) for s in range(steps)]
     trained = max_diff(weights(plain), weights(ds))
     print(json.dumps({
         "engine": type(ds).__name__, "stage": ds.ds.zero_optimization_stage(),

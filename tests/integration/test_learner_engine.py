@@ -4,7 +4,6 @@ import torch
 
 from coevolve.services.learner.batch import TrainSequence
 from coevolve.services.learner.config import GRPOConfig
-from coevolve.services.learner.engine import TorchEngine
 from coevolve.services.learner.engines import build_engine
 from coevolve.services.learner.shapes import random_llama
 
@@ -24,7 +23,7 @@ def make_batch(n=6, seed=1, vocab=256):
 
 
 def engine(seed=0, **fields):
-    return TorchEngine(random_llama("tiny", seed=seed, **SMALL), GRPOConfig(**{"lr": 1e-3, **fields}))
+    return build_engine(random_llama("tiny", seed=seed, **SMALL), GRPOConfig(**{"lr": 1e-3, **fields}))
 
 
 def weights(eng):
@@ -38,7 +37,7 @@ def max_diff(a, b):
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
 def test_micro_batch_size_does_not_change_the_update(mode):
     one, whole = engine(micro_batch_size=1, loss_agg=mode), engine(micro_batch_size=16, loss_agg=mode)
-    m1, m16 = one.train_step(make_batch()), whole.train_step(make_batch())
+    m1, m16 = one.update(make_batch()), whole.update(make_batch())
     assert m1["loss"] == pytest.approx(m16["loss"], abs=1e-5)
     assert m1["grad_norm"] == pytest.approx(m16["grad_norm"], rel=1e-4)
     # Adam's first step moves a weight by about lr (1e-3); the summation order of the accumulated
@@ -53,14 +52,14 @@ def test_an_empty_episode_and_junk_under_the_mask_change_nothing():
                            s.advantage) for s in batch]
     noisy.append(TrainSequence([3, 4, 5, 6], [0, 0, 0, 0], [0.0] * 4, advantage=5.0))
     clean, dirty = engine(micro_batch_size=2), engine(micro_batch_size=2)
-    a, b = clean.train_step(batch), dirty.train_step(noisy)
+    a, b = clean.update(batch), dirty.update(noisy)
     assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
     assert max_diff(weights(clean), weights(dirty)) < 1e-6
 
 
 def test_zero_advantages_give_zero_gradient():
     batch = [TrainSequence(s.token_ids, s.loss_mask, s.logprobs, 0.0) for s in make_batch()]
-    metrics = engine().train_step(batch)
+    metrics = engine().update(batch)
     assert metrics["grad_norm"] == 0.0 and metrics["loss"] == 0.0
 
 
@@ -69,7 +68,7 @@ def test_training_moves_the_weights_and_export_follows_transformers_names():
     names = set(eng.model.state_dict())
     before = weights(eng)
     assert set(before) <= names and "model.layers.0.self_attn.q_proj.weight" in before
-    eng.train_step(make_batch())
+    eng.update(make_batch())
     assert max_diff(before, weights(eng)) > 1e-4
     assert set(eng.state_dict()) == set(before)
 
@@ -77,9 +76,9 @@ def test_training_moves_the_weights_and_export_follows_transformers_names():
 def test_kl_is_zero_at_the_start_then_grows_and_the_reference_stays_frozen():
     eng = engine(kl_beta=0.1)
     ref = {k: v.clone() for k, v in eng.reference.state_dict().items()}
-    first = eng.train_step(make_batch())
+    first = eng.update(make_batch())
     assert first["kl"] == pytest.approx(0.0, abs=1e-7)
-    second = eng.train_step(make_batch())
+    second = eng.update(make_batch())
     assert second["kl"] > 1e-6
     assert second["loss"] == pytest.approx(second["pg_loss"] + 0.1 * second["kl"], abs=1e-6)
     assert all(torch.equal(ref[k], v) for k, v in eng.reference.state_dict().items())
@@ -96,9 +95,9 @@ def test_lora_trains_adapters_only_and_exports_merged_base_names():
     assert eng.reference is None
     before = weights(eng)
     assert set(before) <= base_names and not any("lora_" in n or "base_layer" in n for n in before)
-    first = eng.train_step(make_batch())
+    first = eng.update(make_batch())
     assert first["kl"] == pytest.approx(0.0, abs=1e-7)  # adapters start at B = 0: policy == reference
-    eng.train_step(make_batch())
+    eng.update(make_batch())
     after = weights(eng)
     changed = {n for n in before if not torch.equal(before[n], after[n])}
     assert changed and all(n.endswith(("q_proj.weight", "v_proj.weight")) for n in changed)
@@ -112,13 +111,13 @@ def test_lora_trains_adapters_only_and_exports_merged_base_names():
 
 def test_an_empty_batch_is_refused():
     with pytest.raises(ValueError, match="at least one sequence"):
-        engine().train_step([])
+        engine().update([])
 
 
 def test_bf16_autocast_trains_float32_weights_to_nearly_the_same_update():
     full, mixed = engine(), engine(autocast="bf16")
     start = weights(full)
-    a, b = full.train_step(make_batch()), mixed.train_step(make_batch())
+    a, b = full.update(make_batch()), mixed.update(make_batch())
     assert b["loss"] == pytest.approx(a["loss"], rel=0.05, abs=0.02)
     assert all(t.dtype == torch.float32 for _, t in mixed.named_parameters())
     # Adam's first step moves each weight by about lr * sign(gradient): compare the update directions
@@ -129,7 +128,7 @@ def test_bf16_autocast_trains_float32_weights_to_nearly_the_same_update():
 
 def test_gradient_checkpointing_gives_the_same_update():
     plain, recomputed = engine(), engine(gradient_checkpointing=True)
-    a, b = plain.train_step(make_batch()), recomputed.train_step(make_batch())
+    a, b = plain.update(make_batch()), recomputed.update(make_batch())
     assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
     assert max_diff(weights(plain), weights(recomputed)) < 1e-6
 
@@ -152,15 +151,15 @@ def grouped_batch(seed=3, vocab=256):
 
 
 def gradients(eng, batch):
-    """The step's accumulated gradients (taken where the optimizer would step) and its metrics."""
+    """The update's accumulated gradients (taken where the optimizer would step) and its metrics."""
     grads = {}
 
     def capture():
         grads.update({n: p.grad.clone() for n, p in eng.policy_module.named_parameters() if p.grad is not None})
         eng.optimizer.zero_grad(set_to_none=True)
         return 0.0
-    eng._step = capture
-    return grads, eng.train_step(batch)
+    eng._optimizer_step = capture
+    return grads, eng.update(batch)
 
 
 def test_rollouts_with_one_prompt_share_a_pack_of_at_most_the_micro_batch_size():
@@ -176,9 +175,12 @@ def test_rollouts_with_one_prompt_share_a_pack_of_at_most_the_micro_batch_size()
                          ids=["plain", "kl", "lora", "checkpointing", "seq-mean-packs-of-2"])
 def test_packed_rollouts_give_the_unpacked_loss_and_gradients(fields):
     batch = grouped_batch()
-    packed, unpacked = engine(**fields), engine(shared_prefix=False, **fields)
+    torch.manual_seed(0)  # LoRA draws its A matrices from the global generator: give both engines the same
+    packed = engine(**fields)
+    torch.manual_seed(0)
+    unpacked = engine(shared_prefix=False, **fields)
     if fields.get("kl_beta"):  # move the policy off its reference first, so the KL term is not 0
-        packed.train_step(batch), unpacked.train_step(batch)
+        packed.update(batch), unpacked.update(batch)
     (g1, m1), (g2, m2) = gradients(packed, batch), gradients(unpacked, batch)
     assert set(g1) == set(g2) and g1
     scale = max(float(g.abs().max()) for g in g2.values())
@@ -186,3 +188,15 @@ def test_packed_rollouts_give_the_unpacked_loss_and_gradients(fields):
     for key in ("loss", "pg_loss", "kl", "abs_log_ratio", "clip_fraction", "loss_tokens"):
         assert m1[key] == pytest.approx(m2[key], rel=1e-5, abs=1e-7), key
     assert m1["kl"] > 0 if fields.get("kl_beta") else m1["kl"] == 0
+
+
+def test_an_engine_refuses_a_model_not_prepared_for_its_config():
+    from coevolve.services.learner.engine import TorchEngine
+    from coevolve.services.learner.engines import prepare_policy
+
+    with pytest.raises(ValueError, match="packing attention first"):
+        TorchEngine(random_llama("tiny", seed=0, **SMALL), GRPOConfig(lr=1e-3))
+    with pytest.raises(ValueError, match="lora_rank=2 but the model has no LoRA adapters"):
+        TorchEngine(random_llama("tiny", seed=0, **SMALL), GRPOConfig(lr=1e-3, shared_prefix=False, lora_rank=2))
+    config = GRPOConfig(lr=1e-3, lora_rank=2, lora_targets="q_proj")
+    assert TorchEngine(prepare_policy(random_llama("tiny", seed=0, **SMALL), config), config).updates == 0

@@ -64,7 +64,7 @@ def test_grpo_raises_the_mean_reward_well_beyond_chance():
     before = mean_reward(engine.model, gen)
     for _ in range(15):
         batch, _ = grpo_batch(engine.model, gen)
-        metrics = engine.train_step(batch)
+        metrics = engine.update(batch)
         assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
     after = mean_reward(engine.model, gen)
     assert before < 0.15

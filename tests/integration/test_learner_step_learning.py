@@ -80,12 +80,11 @@ def measure(runner, n: int = 256) -> float:
 
 def test_rollout_log_probs_match_the_policy_before_the_first_update(model_dir):
     runner = setup(model_dir, temperature=0.7)
-    _, kept, _ = runner.gather()
-    batch = runner.sequences(kept)
+    batch = runner.sequences(runner.gather().kept)
     assert sum(s.loss_tokens for s in batch) > 4 * 8  # at least one token per rollout, most have 8
     mismatched = build_engine(runner.engine.model, GRPOConfig(lr=1e-9, temperature=1.0))
-    assert mismatched.train_step(batch)["abs_log_ratio"] > 0.05
-    metrics = runner.engine.train_step(batch)
+    assert mismatched.update(batch)["abs_log_ratio"] > 0.05
+    metrics = runner.engine.update(batch)
     assert metrics["abs_log_ratio"] < 1e-3 and metrics["clip_fraction"] == 0.0
 
 
@@ -95,8 +94,8 @@ def test_real_learner_steps_raise_the_toy_reward_well_beyond_chance(model_dir):
     rewards = []
     for step in range(1, 11):
         result = runner.run(step)
-        assert result.trained and result.record["policy_version"] == step == runner.backend.version
-        rewards.append(result.record["train_reward"])
+        assert result.trained and result.record.policy_version == step == runner.backend.version
+        rewards.append(result.record.train_reward)
     after = measure(runner)
     assert before < 0.2, before
     assert after >= before + 0.4, (before, after, rewards)

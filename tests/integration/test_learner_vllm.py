@@ -47,16 +47,15 @@ def test_vllm_rollouts_match_the_policy_before_and_after_a_pushed_update():
     runner = StepRunner(LearnerConfig(batch_tasks=4, group_size=4), grpo, TaskPool(TASKS, SamplerConfig()), backend,
                         engine, sampling, EpisodeLimits(max_user_turns=1, max_context_tokens=512), "run-v",
                         first_token_odd, env=OneTurn)
-    _, kept, _ = runner.gather()
-    batch = runner.sequences(kept)
-    metrics, trained = runner.train_and_push(batch)
-    assert trained and backend.version == 1
-    assert metrics["abs_log_ratio"] < 0.01, metrics
-    _, kept, _ = runner.gather()
+    batch = runner.sequences(runner.gather().kept)
+    update = runner.update_and_push(batch)
+    assert update.trained and backend.version == 1
+    assert update.metrics["abs_log_ratio"] < 0.01, update.metrics
+    kept = runner.gather().kept
     assert all(e.policy_version == 1 for g in kept for e in g.episodes)
     after = runner.sequences(kept)
     probe = build_engine(engine.model, GRPOConfig(lr=1e-9, temperature=0.7, micro_batch_size=16))
-    assert probe.train_step(after)["abs_log_ratio"] < 0.01
+    assert probe.update(after)["abs_log_ratio"] < 0.01
     stale = build_engine(AutoModelForCausalLM.from_pretrained(model_dir(TINY_RANDOM), dtype=torch.float32),
                          GRPOConfig(lr=1e-9, temperature=0.7, micro_batch_size=16))
-    assert stale.train_step(after)["abs_log_ratio"] > 3 * probe.train_step(after)["abs_log_ratio"]
+    assert stale.update(after)["abs_log_ratio"] > 3 * probe.update(after)["abs_log_ratio"]

@@ -13,6 +13,7 @@ from coevolve.services.learner.batch import TrainSequence
 from coevolve.services.learner.config import GRPOConfig, LearnerConfig, LearnerSettings, SamplerConfig
 from coevolve.services.learner.sampler import TaskPool
 from coevolve.services.learner.service import Learner, resolve_run
+from coevolve.services.learner.step import StepRecord
 from coevolve.services.runtime.config import ConfigError
 
 SEEDS = load_tasks(split="train")[:3]
@@ -25,11 +26,16 @@ def entry(step: int, run_id: str = "run-j", trained: bool = True, published: boo
     trajectories = [{"event_id": f"t-{step}-{i}", "step": step, "task_id": "a", "score": i / 3,
                      "actions": [{"name": "ls", "arguments": "{}", "observation": "é", "turn": 0}]}
                     for i in range(2)]
-    record = {"event_id": f"s-{step}", "step": step, "loss": 0.125 * step, "publish_seconds": None,
-              "duration_seconds": 1.5, "policy_version": step}
+    record = StepRecord(
+        event_id=f"s-{step}", run_id=run_id, step=step, trajectory_count=2, policy_version=step, train_reward=1 / 6,
+        eval_score=0.5 if step == 2 else None, loss=0.125 * step if trained else None, duration_seconds=1.5,
+        pool_size=3, pool_synthesized=0, zero_variance_groups=0, resampled_groups=0, tokens_trained=3 if trained else 0,
+        synthesized_trained=0, synthesized_tasks_trained=0, rollout_seconds=1.0, scoring_seconds=0.1,
+        training_seconds=0.3 if trained else 0.0, push_seconds=0.1 if trained else 0.0, publish_seconds=None,
+        blocked_seconds=1e-6, produced_at=1_700_000_000_000 + step)
     return journal.Entry(step=step, run_id=run_id, trained=trained, batch=batch, trajectories=trajectories,
                          evaluation={"event_id": f"e-{step}", "success_rate": 0.5} if step == 2 else None,
-                         record=record, policy_version=step, engine_steps=step, sampler=FRESH_POOL,
+                         record=record, policy_version=step, engine_updates=step, sampler=FRESH_POOL,
                          published=published)
 
 
@@ -43,7 +49,8 @@ def test_an_entry_reads_back_exactly(tmp_path):
 
 def test_the_record_as_sent_replaces_the_one_built_before_publishing(tmp_path):
     path = journal.write(tmp_path, entry(1))
-    sent = {**entry(1).record, "publish_seconds": 0.25, "duration_seconds": 1.75}
+    sent = entry(1).record.published(0.25)
+    assert (sent.publish_seconds, sent.duration_seconds) == (0.25, 1.75)
     journal.mark_published(path, sent)
     found = journal.read(path)
     assert found.published and found.record == sent
@@ -56,7 +63,7 @@ def test_a_write_cut_short_before_its_rename_leaves_no_entry(tmp_path, monkeypat
     def crash(*_):
         raise OSError("killed before the rename")
     monkeypatch.setattr(journal.os, "replace", crash)
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="killed before the rename"):
         journal.write(tmp_path, entry(2))
     monkeypatch.undo()
     assert (tmp_path / "journal" / "step-000002.tmp" / "batch.json").is_file()
@@ -91,16 +98,16 @@ def test_a_journal_without_a_checkpoint_is_a_run_to_resume(tmp_path):
 
 
 class CountingEngine:
-    """Records each batch it trains on and counts its steps, as `Engine.train_step` does."""
+    """Records each batch it trains on and counts its updates, as `Engine.update` does."""
 
     def __init__(self):
-        self.steps = 0
+        self.updates = 0
         self.batches = []
 
-    def train_step(self, batch):
+    def update(self, batch):
         self.batches.append(list(batch))
-        self.steps += 1
-        return {"loss": 0.125 * (self.steps)}
+        self.updates += 1
+        return {"loss": 0.125 * (self.updates)}
 
 
 class Producer:
@@ -126,28 +133,30 @@ def test_a_resume_replays_each_journaled_step_and_sends_its_records_again(tmp_pa
     pool = TaskPool(SEEDS, SamplerConfig(), seed=3)
     pool.sample(2)
     after_two = pool.state()
-    sent_one = {**entry(1).record, "publish_seconds": 0.25}
+    sent_one = entry(1).record.published(0.25)
     journal.mark_published(journal.write(tmp_path, entry(1)), sent_one)
     journal.write(tmp_path, journal.Entry(**{**entry(2).__dict__, "sampler": after_two}))  # crashed mid-publish
     service = replaying(tmp_path)
     with caplog.at_level(logging.INFO, logger="coevolve.learner"):
         assert service._replay() == 2
-    assert service.done == 2 and service.engine.steps == 2
+    assert service.done == 2 and service.engine.updates == 2
     assert service.engine.batches == [entry(1).batch, entry(2).batch]
     assert service.pool.state() == after_two == service.pool_state
     topics = [topic for topic, _ in service.producer.sent]
     assert topics == [TRAJECTORIES.name] * 2 + [STEPS.name] + [TRAJECTORIES.name] * 2 + [EVALUATIONS.name, STEPS.name]
     records = [r for _, r in service.producer.sent]
-    assert records[:2] == entry(1).trajectories and records[2] == sent_one
+    assert records[:2] == entry(1).trajectories and records[2] == sent_one.to_event()
     assert records[5] == entry(2).evaluation
-    assert records[6]["publish_seconds"] > 0 and journal.read(tmp_path / "journal" / "step-000002").record == records[6]
+    assert records[6]["publish_seconds"] > 0
+    assert journal.read(tmp_path / "journal" / "step-000002").record.to_event() == records[6]
+    assert records[6]["duration_seconds"] == 1.5 + records[6]["publish_seconds"]
     replayed = [r.fields for r in caplog.records if r.getMessage() == "learner.step_replayed"]
     assert [(f["step"], f["loss"], f["journaled_loss"]) for f in replayed] == [(1, 0.125, 0.125), (2, 0.25, 0.25)]
 
 
 def test_a_replay_follows_the_checkpoint_and_refuses_a_journal_that_does_not(tmp_path):
-    journal.write(tmp_path, journal.Entry(**{**entry(1, trained=False).__dict__, "engine_steps": 0}))
-    journal.write(tmp_path, journal.Entry(**{**entry(2).__dict__, "engine_steps": 1}))
+    journal.write(tmp_path, journal.Entry(**{**entry(1, trained=False).__dict__, "engine_updates": 0}))
+    journal.write(tmp_path, journal.Entry(**{**entry(2).__dict__, "engine_updates": 1}))
     service = replaying(tmp_path)
     assert service._replay() == 2 and service.engine.batches == [entry(2).batch]
     journal.write(tmp_path, entry(3))  # it claims three updates; only one was journaled before it

@@ -15,7 +15,7 @@ from coevolve.services.kafka.topics import DEADLETTER, TASKS
 from coevolve.services.learner.config import GRPOConfig, LearnerConfig, LearnerSettings, SamplerConfig
 from coevolve.services.learner.sampler import Origin, TaskPool, load_problem
 from coevolve.services.learner.service import Learner
-from coevolve.services.learner.step import StepRunner
+from coevolve.services.learner.step import StepRunner, Update
 from tests.agent_helpers import ScriptedBackend, byte_tokenizer
 
 SEEDS = load_tasks(split="train")[:4]
@@ -77,9 +77,9 @@ def test_a_step_that_draws_an_unloadable_task_trains_on_a_replacement():
                         SamplingConfig(temperature=1.0, max_new_tokens=8),
                         EpisodeLimits(max_user_turns=1, max_context_tokens=100_000), "run-u",
                         lambda episode: float(any("yes" in m["content"] for m in episode.messages)))
-    runner.train_and_push = lambda batch: ({}, False)
+    runner.update_and_push = lambda batch: Update({}, False)
     result = runner.run(1)
-    assert result.record["trajectory_count"] == 6
+    assert result.record.trajectory_count == 6
     assert "bad-seed" not in {t["task_id"] for t in result.trajectories}
     assert [u.task_id for u in pool.take_unloadable()] == ["bad-seed"]
 

@@ -1,4 +1,5 @@
 """The learner's task pool: arrivals wait for refresh, the latest verdict wins, mixing and recency, state."""
+import re
 from collections import Counter
 
 import pytest
@@ -144,10 +145,14 @@ def test_state_round_trip_continues_the_same_draws():
     assert [d.task.task_id for d in restored.sample(5)] == [d.task.task_id for d in p.sample(5)]
 
 
-@pytest.mark.parametrize("kwargs", [dict(sampler="fifo"), dict(synthetic_share=1.5), dict(synthetic_share=-0.5),
-                                    dict(recency_half_life=-1.0), dict(static_wait_s=-1.0)])
-def test_bad_sampler_settings_fail_with_a_message(kwargs):
-    with pytest.raises(ConfigError):
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(sampler="fifo"), "sampler='fifo': choose one of streaming, static"),
+    (dict(synthetic_share=1.5), "synthetic_share=1.5: use a share in [0, 1]"),
+    (dict(synthetic_share=-0.5), "synthetic_share=-0.5: use a share in [0, 1]"),
+    (dict(recency_half_life=-1.0), "recency_half_life and static_wait_s must be >= 0"),
+    (dict(static_wait_s=-1.0), "recency_half_life and static_wait_s must be >= 0")])
+def test_bad_sampler_settings_fail_with_a_message(kwargs, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         SamplerConfig(**kwargs)
 
 

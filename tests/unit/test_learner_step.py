@@ -8,7 +8,7 @@ from coevolve.services.agent.config import EpisodeLimits, SamplingConfig
 from coevolve.services.envs.bfcl_data import load_tasks
 from coevolve.services.learner.config import GRPOConfig, LearnerConfig, SamplerConfig
 from coevolve.services.learner.sampler import TaskPool
-from coevolve.services.learner.step import StepRunner, reward_function, step_event_id
+from coevolve.services.learner.step import PHASES, StepRecord, StepRunner, reward_function, step_event_id
 from tests.agent_helpers import ScriptedBackend, byte_tokenizer
 
 LIMITS = EpisodeLimits(max_user_turns=1, max_context_tokens=100_000)
@@ -21,7 +21,7 @@ class RecordingEngine:
     def __init__(self):
         self.batches = []
 
-    def train_step(self, batch):
+    def update(self, batch):
         self.batches.append(list(batch))
         return {"loss": 0.25, "loss_tokens": float(sum(s.loss_tokens for s in batch))}
 
@@ -51,20 +51,31 @@ def test_a_step_rolls_out_b_times_k_scores_trains_pushes_and_records(tokenizer):
     steps, engine = runner(tokenizer, ["yes", "no", "no"])
     result = steps.run(1, blocked_seconds=0.01)
     rec = result.record
-    assert len(result.trajectories) == rec["trajectory_count"] == 6
-    assert rec["train_reward"] == pytest.approx(2 / 6) and rec["zero_variance_groups"] == 0
-    assert rec["policy_version"] == 1 == steps.backend.version and result.trained
+    assert len(result.trajectories) == rec.trajectory_count == 6
+    assert rec.train_reward == pytest.approx(2 / 6) and rec.zero_variance_groups == 0
+    assert rec.policy_version == 1 == steps.backend.version and result.trained
     assert [s.advantage > 0 for s in engine.batches[0]] == [True, False, False] * 2
-    assert rec["tokens_trained"] == sum(s.loss_tokens for s in engine.batches[0]) > 0
-    assert rec["event_id"] == step_event_id("run-t", 1) and rec["blocked_seconds"] == 0.01
-    assert all(rec[f"{p}_seconds"] >= 0 for p in ("rollout", "scoring", "training", "push"))
+    assert rec.tokens_trained == sum(s.loss_tokens for s in engine.batches[0]) > 0 and result.batch == engine.batches[0]
+    assert rec.event_id == step_event_id("run-t", 1) and rec.blocked_seconds == 0.01
+    assert all(getattr(rec, f"{p}_seconds") >= 0 for p in ("rollout", "scoring", "training", "push"))
+    assert rec.publish_seconds is None and rec.eval_score is None and rec.duration_seconds >= 0.01
     for i, traj in enumerate(result.trajectories):
         assert traj["rollout_index"] == i % 3 and traj["group_size"] == 3 and traj["policy_version"] == 0
         assert traj["task_source"] == "seed" and traj["step"] == 1
     assert len({t["event_id"] for t in result.trajectories}) == 6
     registry = default_registry()
-    registry.encode("StepCompleted", {**rec, "publish_seconds": 0.0})
+    registry.encode("StepCompleted", rec.published(0.0).to_event())
     registry.encode("TrajectoryRecorded", result.trajectories[0])
+
+
+def test_the_step_record_is_the_step_completed_event_field_for_field():
+    import dataclasses
+    import json
+    from pathlib import Path
+
+    schema = json.loads((Path(__file__).resolve().parents[2] / "schemas" / "StepCompleted.avsc").read_text())
+    assert [f.name for f in dataclasses.fields(StepRecord)] == [f["name"] for f in schema["fields"]]
+    assert PHASES == ("rollout", "scoring", "training", "push", "publish", "blocked")
 
 
 def fresh_pool() -> TaskPool:
@@ -81,20 +92,21 @@ def test_a_step_counts_the_synthesized_rollouts_its_update_trained_on(tokenizer)
     steps.pool = fresh_pool()
     result = steps.run(1)
     rec = result.record
-    assert (rec["synthesized_trained"], rec["synthesized_tasks_trained"], rec["pool_synthesized"]) == (3, 1, 1)
+    assert (rec.synthesized_trained, rec.synthesized_tasks_trained, rec.pool_synthesized) == (3, 1, 1)
     assert [t["task_source"] for t in result.trajectories].count("synthesized") == 3
     flat, _ = runner(tokenizer, ["no"])
     flat.pool = fresh_pool()
     rec = flat.run(1).record  # drawn, but no update: nothing synthesized was trained on
-    assert rec["synthesized_trained"] == rec["synthesized_tasks_trained"] == 0 and rec["loss"] is None
+    assert rec.synthesized_trained == rec.synthesized_tasks_trained == 0 and rec.loss is None
 
 
 def test_equal_rewards_everywhere_skip_the_update(tokenizer):
     steps, engine = runner(tokenizer, ["no"])
     result = steps.run(1)
     assert not result.trained and engine.batches == [] and steps.backend.version == 0
-    assert result.record["zero_variance_groups"] == 2 and result.record["loss"] is None
-    assert result.record["tokens_trained"] == 0 and result.record["trajectory_count"] == 6
+    assert result.record.zero_variance_groups == 2 and result.record.loss is None and result.batch == []
+    assert result.record.tokens_trained == 0 and result.record.trajectory_count == 6
+    assert result.record.training_seconds == result.record.push_seconds == 0.0
 
 
 def test_dynamic_sampling_replaces_flat_groups_and_publishes_every_rollout(tokenizer):
@@ -102,8 +114,8 @@ def test_dynamic_sampling_replaces_flat_groups_and_publishes_every_rollout(token
     steps, engine = runner(tokenizer, ["no"] * 6 + ["yes", "no", "no"] * 10, dynamic_sampling=True, max_resample=2)
     result = steps.run(1)
     rec = result.record
-    assert rec["resampled_groups"] == 2 and rec["zero_variance_groups"] == 2
-    assert rec["trajectory_count"] == len(result.trajectories) == 12
+    assert rec.resampled_groups == 2 and rec.zero_variance_groups == 2
+    assert rec.trajectory_count == len(result.trajectories) == 12
     (batch,) = engine.batches
     assert len(batch) == 6 and sum(s.advantage > 0 for s in batch) == 2
 
@@ -119,7 +131,7 @@ def test_rewards_are_success_or_partial_score():
     class Ep:
         success, score = False, 0.5
     assert reward_function("binary")(Ep()) == 0.0 and reward_function("partial")(Ep()) == 0.5
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="unknown reward 'length'"):
         reward_function("length")
 
 
