@@ -81,7 +81,7 @@ class Learner(Service):
                               "transformers (openai serves fixed weights)")
         self.cfg: LearnerConfig = settings.learner
         self.grpo, self.sampler_cfg, self.backend_cfg = settings.grpo, settings.sampler, settings.backend
-        self.warmup, self.limits = settings.warmup, settings.limits
+        self.warmup, self.limits, self.seeds = settings.warmup, settings.limits, settings.seeds
         self.sampling = SamplingConfig(temperature=self.grpo.temperature, max_new_tokens=self.cfg.max_new_tokens,
                                        seed=self.backend_cfg.seed)
         self.reward = reward
@@ -163,9 +163,7 @@ class Learner(Service):
                       mean_score=evaluation["mean_score"], tasks=evaluation["task_count"])
 
     def _seed_tasks(self) -> list[Task]:
-        from coevolve.services.envs.bfcl_data import seed_pool
-
-        return seed_pool(self.cfg.category_list, self.cfg.seed_tasks)
+        return self.seeds.tasks()
 
     def _pool(self) -> TaskPool:
         """A fresh pool of the seed tasks (a resumed run restores its state after)."""
