@@ -34,7 +34,7 @@ def _flag(cls: type, name: str, *decls: str) -> Any:
 
     default, text = fields_doc(cls)[name]
     shown = f"{default}" if default not in ("", None) else "empty"
-    return typer.Option(None, *decls, help=f"{text} [default: {shown}]", show_default=False)
+    return typer.Option(None, *decls, help=f"{text} (default: {shown})", show_default=False)
 
 
 def _load(cls, service: str, overrides: dict):
@@ -545,7 +545,7 @@ def learner(
                                 "(starts fresh when there is none)."),
     steps: Optional[int] = _flag(LearnerSettings, "steps"),
     model: Optional[str] = _flag(LearnerSettings, "model"),
-    backend: Optional[str] = typer.Option(None, help="Rollout backend: vllm or transformers [default: vllm]."),
+    backend: Optional[str] = typer.Option(None, help="Rollout backend: vllm or transformers (default: vllm)."),
     max_new_tokens: Optional[int] = _flag(LearnerSettings, "max_new_tokens"),
     metrics_port: Optional[int] = _flag(LearnerSettings, "metrics_port"),
     metrics_host: Optional[str] = _flag(LearnerSettings, "metrics_host"),

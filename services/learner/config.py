@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from coevolve.services.agent.config import BackendConfig, EpisodeLimits
 from coevolve.services.agent.precision import AUTOCASTS
@@ -176,6 +177,11 @@ class LearnerConfig(ServiceConfig):
 @dataclass(frozen=True)
 class LearnerSettings(Settings):
     """Everything `coevolve learner` reads, each key `LEARNER_<FIELD>` or `learner.<field>` in a preset."""
+
+    refused: ClassVar[dict[str, str]] = {key: "the learner trains its rollout policy in-process (backend vllm or "
+                                              "transformers); the openai backend's settings do not apply"
+                                         for key in ("base_url", "api_key_env", "request_timeout_s", "max_retries",
+                                                     "concurrency")}
 
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)

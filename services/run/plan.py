@@ -173,6 +173,9 @@ def _check(section: str, values: dict[str, Any]) -> None:
         known = {f.name for f in dataclasses.fields(RunSettings)}
     elif section in SERVICE_SETTINGS:
         known = set(owners(settings_class(section))) - MANAGED
+        for key, why in getattr(settings_class(section), "refused", {}).items():
+            if key in values:
+                raise ConfigError(f"{section}.{key} is not read: {why}")
     else:
         raise ConfigError(f"unknown section {section!r}; sections are run, {', '.join(SERVICE_SETTINGS)}")
     for key in values:

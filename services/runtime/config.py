@@ -98,7 +98,10 @@ class Settings:
 
     Every part loads with the service's prefix, so each key (`<SERVICE>_<FIELD>`, a preset's
     `<section>.<field>`, a flag) names one field of one part; two parts declaring one name is an error.
+    A part's field the service does not read is in `refused`, with why: setting it is an error.
     """
+
+    refused: typing.ClassVar[dict[str, str]] = {}
 
 
 def parts(cls: type) -> dict[str, type]:
@@ -112,8 +115,11 @@ def parts(cls: type) -> dict[str, type]:
 def owners(cls: type) -> dict[str, str]:
     """Each settable field of `cls` (a config or a Settings bundle), mapped to the part declaring it."""
     owner: dict[str, str] = {}
+    refused = getattr(cls, "refused", {})
     for part, kind in parts(cls).items():
         for f in dataclasses.fields(kind):
+            if f.name in refused:
+                continue
             if f.name in owner:
                 raise ConfigError(f"{cls.__name__}: {f.name} is declared by both {owner[f.name] or cls.__name__} "
                                   f"and {part}; one key must set one field")
@@ -128,6 +134,10 @@ def assemble(cls: type[T], service: str, overrides: dict[str, Any] | None = None
     The one way a service's settings are built, by its command and by `coevolve run`'s plan alike.
     """
     owner = owners(cls)
+    environ = os.environ if environ is None else environ
+    for key, why in getattr(cls, "refused", {}).items():
+        if key in (overrides or {}) or f"{service.upper()}_{key.upper()}" in environ:
+            raise ConfigError(f"{service}.{key} ({service.upper()}_{key.upper()}) is not read: {why}")
     unknown = sorted(set(overrides or {}) - set(owner))
     if unknown:
         raise ConfigError(f"{', '.join(unknown)}: not a setting of {service}")

@@ -17,8 +17,12 @@ def _commands(group, prefix=()):
 ALL = list(_commands(get_command(app)))
 
 
-def test_the_expected_commands_exist():
-    assert {("broker",), ("topics", "create"), ("simulate",), ("run",), ("ablate",), ("check",)} <= set(ALL)
+def test_the_commands_are_exactly_these():
+    assert sorted(ALL) == sorted([
+        ("run",), ("ablate",), ("check",), ("learner",), ("explorer",), ("validator",), ("archiver",),
+        ("streams",), ("streams", "worker"), ("replay",), ("analyze",), ("eval",), ("simulate",), ("broker",),
+        ("topics",), ("topics", "create"), ("deadletters",), ("deadletters", "list"), ("deadletters", "replay"),
+        ("archive",), ("archive", "import"), ("env",), ("env", "score"), ("env", "show")])
 
 
 @pytest.mark.parametrize("path", ALL, ids=" ".join)
@@ -39,3 +43,15 @@ def test_invalid_simulation_is_refused_with_the_reason(tmp_path):
     result = CliRunner().invoke(app, ["simulate", "--tasks", "3", "--batch-tasks", "5",
                                       "--output", str(tmp_path / "x.avro")])
     assert result.exit_code != 0 and "exceeds tasks" in plain(result.output)
+
+
+def test_simulate_reads_its_environment_variables(tmp_path, monkeypatch):
+    monkeypatch.setenv("SIMULATE_TASKS", "3")
+    result = CliRunner().invoke(app, ["simulate", "--batch-tasks", "5", "--output", str(tmp_path / "x.avro")])
+    assert result.exit_code != 0 and "batch_tasks (5) exceeds tasks (3)" in plain(result.output)
+
+
+def test_a_service_flag_shows_its_settings_default_and_doc():
+    result = CliRunner().invoke(app, ["explorer", "--help"], terminal_width=200)
+    text = " ".join(plain(result.output).split())
+    assert "R: independent exploration runs (rounds) per cluster. (default: 3)" in text
