@@ -1,8 +1,8 @@
-"""`coevolve run`: the loop on the embedded default, every part on this machine.
+"""`coevolve check`: the data plane on a simulated workload, every part on this machine.
 
-Until the learner lands, the simulator stands in for it: it publishes a run's trajectories, completed
-steps and task verdicts to the broker. A Faust signal worker raises signals live; the run checks them
-against `coevolve replay` of the same log, then archives everything into chDB and writes the report.
+The simulator publishes a run's trajectories, completed steps and task verdicts to the broker. A Faust
+signal worker raises signals live; the check compares them with `coevolve replay` of the same log, then
+archives everything into chDB and writes the report.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The topic catalog of DESIGN.md: names, events, partitions and configs, in one place."""
+"""The topic catalog: names, events, partitions and configs, in one place (docs/events.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

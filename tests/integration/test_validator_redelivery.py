@@ -24,7 +24,7 @@ def _validator(bootstrap: str, monkeypatch, attempt: str) -> Validator:
     validator = Validator(ValidatorSettings(ValidatorConfig(rounds_per_group=2),
                                             ValidatorServiceConfig(kafka_bootstrap=bootstrap, group_id=GROUP,
                                                                    group_wait_s=600),
-                                            backend=BackendConfig(model="tiny-random"))))
+                                            backend=BackendConfig(model="tiny-random")))
     validator.limits = LIMITS  # the scripted model's byte tokenizer spends a token per byte
     validator.start()
     return validator

@@ -19,7 +19,7 @@ def test_bad_backend_settings_fail_with_a_fix():
         BackendConfig(dtype="int4")
     with pytest.raises(ConfigError, match="cpu_threads=-1"):
         BackendConfig(cpu_threads=-1)
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match=r"top_p in \(0, 1\]"):
         SamplingConfig(top_p=0)
     with pytest.raises(ConfigError, match="max_user_turns=0"):
         EpisodeLimits(max_user_turns=0)

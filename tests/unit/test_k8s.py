@@ -209,7 +209,7 @@ def test_pods_carry_exactly_the_role_labels_their_network_flows_need(target):
     for workload, spec in pods(docs):
         labels, name = workload["spec"]["template"]["metadata"]["labels"], workload["metadata"]["name"]
         env = {k for c in spec["containers"] for k in container_env(c, docs)}
-        # replay publishes its signals to Kafka when given --publish (DESIGN.md: replay produces signals).
+        # replay publishes its signals to Kafka when given --publish (replay produces signals).
         kafka = "KAFKA_BOOTSTRAP" in env or spec["containers"][0].get("args", [""])[0] == "replay"
         assert (labels.get("coevolve.io/kafka-client") == "true") == kafka, name
         assert (labels.get("coevolve.io/clickhouse-client") == "true") == ("CLICKHOUSE_URL" in env), name
