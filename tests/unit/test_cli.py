@@ -55,3 +55,15 @@ def test_a_service_flag_shows_its_settings_default_and_doc():
     result = CliRunner().invoke(app, ["explorer", "--help"], terminal_width=200)
     text = " ".join(plain(result.output).split())
     assert "R: independent exploration runs (rounds) per cluster. (default: 3)" in text
+
+
+def test_run_model_sets_the_learners_model_and_a_process_with_its_own_policy(monkeypatch):
+    from coevolve.services.run import command
+
+    plans = []
+    monkeypatch.setattr(command, "run_loop", lambda plan, *a, **k: plans.append(plan) or {"state": "completed"})
+    assert CliRunner().invoke(app, ["run", "--preset", "smoke", "--model", "tiny-random"]).exit_code == 0
+    assert plans[-1].value("learner", "model") == "tiny-random" and plans[-1].value("explorer", "model") is None
+    alone = ["run", "--preset", "smoke", "--model", "tiny-random", "--set", "run.shared_policy=explorer"]
+    assert CliRunner().invoke(app, alone).exit_code == 0
+    assert plans[-1].value("validator", "model") == "tiny-random" and plans[-1].value("explorer", "model") is None
