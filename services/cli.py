@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional
 
 import typer
 
+from coevolve.services.agent.config import EvalSettings
 from coevolve.services.archive.config import ArchiverConfig
 from coevolve.services.explorer.config import ExplorerSettings
 from coevolve.services.learner.config import LearnerSettings
@@ -431,28 +432,21 @@ def env_show(env: str = EnvOpt, task_id: str = typer.Option(..., "--task-id", he
 
 
 @app.command("eval")
+@_settings_flags(EvalSettings, "env", "split", "model", "backend", "base_url", "limit", "max_new_tokens",
+                 "in_flight")
 def eval_command(
-    env: str = EnvOpt,
-    split: str = typer.Option("test", help="Split: test (held out), train or all."),
-    model: Optional[str] = typer.Option(None, help="smollm2-135m-instruct (default), tiny-random, a local "
-                                        "Hugging Face directory, or the endpoint's model name (openai)."),
-    backend: Optional[str] = typer.Option(None, help="vllm (default), transformers or openai."),
-    base_url: Optional[str] = typer.Option(None, help="openai: endpoint URL; the key comes from $OPENAI_API_KEY."),
-    limit: int = typer.Option(0, help="Evaluate the first N tasks of the split (0: all)."),
+    flags: dict,
     output: Path = typer.Option(Path("results.json"), help="Where to write the per-task results."),
-    max_new_tokens: Optional[int] = typer.Option(None, help="New tokens per generation (default 256)."),
-    in_flight: Optional[int] = typer.Option(None, help="Episodes run at once (default 16)."),
 ) -> None:
-    """Run greedy episodes on a split and print the paper's metric (BFCL multi-turn accuracy)."""
-    from coevolve.services.agent.config import BackendConfig, EpisodeLimits
-    from coevolve.services.agent.evaluate import EvalConfig, headline, run_eval
+    """Run greedy episodes on a split and print the paper's metric (BFCL multi-turn accuracy).
+
+    Every setting of EvalSettings (services/agent/config.py) is also read from EVAL_<FIELD>."""
+    from coevolve.services.agent.evaluate import headline, run_eval
     from coevolve.services.agent.models import ModelError
 
-    backend_cfg = _load(BackendConfig, "agent", {"model": model, "backend": backend, "base_url": base_url})
-    eval_cfg = _load(EvalConfig, "eval", {"env": env, "split": split, "limit": limit,
-                                          "max_new_tokens": max_new_tokens, "in_flight": in_flight})
+    settings = _load(EvalSettings, "eval", flags)
     try:
-        summary = run_eval(backend_cfg, eval_cfg, _load(EpisodeLimits, "agent", {}), output)
+        summary = run_eval(settings.backend, settings.eval, settings.limits, output)
     except ModelError as exc:
         raise typer.BadParameter(str(exc), param_hint="--model") from None
     print(headline(summary))

@@ -1,17 +1,18 @@
 """The agent runtime's configuration: which model and backend, how to sample, and episode limits.
 
-BackendConfig, GenerationConfig and EpisodeLimits are parts of the services' settings
+BackendConfig, GenerationConfig and EpisodeLimits are parts of the services' settings (and of
+`coevolve eval`'s, EvalSettings)
 (`services/runtime/config.py`): `EXPLORER_MODEL`, then `MODEL`, then the default. SamplingConfig is
 what one batch of generations is asked for, built by the services from their settings.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from coevolve.services.agent.precision import DTYPES
 from coevolve.services.envs.bfcl_data import TOOL_DOCS
-from coevolve.services.runtime.config import ConfigError, doc
+from coevolve.services.runtime.config import ConfigError, Settings, doc
 
 BACKENDS = ("vllm", "transformers", "openai")
 
@@ -113,3 +114,31 @@ class EpisodeLimits:
                 raise ConfigError(f"{name}={getattr(self, name)} must be at least 1")
         if self.tool_docs not in TOOL_DOCS:
             raise ConfigError(f"tool_docs={self.tool_docs!r}: choose one of {', '.join(TOOL_DOCS)}")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """What to evaluate on."""
+
+    env: str = doc("bfcl", "Environment.")
+    split: str = doc("test", "Split of the tasks: test (held out), train or all.")
+    limit: int = doc(0, "Evaluate only the first N tasks of the split (0: all).")
+    in_flight: int = doc(16, "Episodes run at once; their generations are batched.")
+    max_new_tokens: int = doc(256, "New tokens per generation.")
+
+    def __post_init__(self) -> None:
+        if self.env != "bfcl":
+            raise ConfigError(f"env={self.env!r}: only bfcl is available")
+        if self.split not in ("test", "train", "all"):
+            raise ConfigError(f"split={self.split!r}: choose test, train or all")
+        if self.limit < 0 or self.in_flight < 1 or self.max_new_tokens < 1:
+            raise ConfigError("limit must be >= 0, in_flight and max_new_tokens >= 1")
+
+
+@dataclass(frozen=True)
+class EvalSettings(Settings):
+    """Everything `coevolve eval` reads: `EVAL_<FIELD>`, then `<FIELD>`, or a flag."""
+
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    limits: EpisodeLimits = field(default_factory=EpisodeLimits)

@@ -9,34 +9,13 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 from coevolve.services.agent.backends import make_backend
-from coevolve.services.agent.config import BackendConfig, EpisodeLimits, SamplingConfig
+from coevolve.services.agent.config import BackendConfig, EpisodeLimits, EvalConfig, SamplingConfig
 from coevolve.services.agent.episodes import Episode, run_episodes
-from coevolve.services.runtime.config import ConfigError, doc
 from coevolve.services.envs.base import Task
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    """What to evaluate on."""
-
-    env: str = doc("bfcl", "Environment.")
-    split: str = doc("test", "Split of the tasks: test (held out), train or all.")
-    limit: int = doc(0, "Evaluate only the first N tasks of the split (0: all).")
-    in_flight: int = doc(16, "Episodes run at once; their generations are batched.")
-    max_new_tokens: int = doc(256, "New tokens per generation.")
-
-    def __post_init__(self) -> None:
-        if self.env != "bfcl":
-            raise ConfigError(f"env={self.env!r}: only bfcl is available")
-        if self.split not in ("test", "train", "all"):
-            raise ConfigError(f"split={self.split!r}: choose test, train or all")
-        if self.limit < 0 or self.in_flight < 1 or self.max_new_tokens < 1:
-            raise ConfigError("limit must be >= 0, in_flight and max_new_tokens >= 1")
 
 
 def eval_tasks(config: EvalConfig) -> list[Task]:

@@ -8,9 +8,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from coevolve.services.agent.config import BackendConfig, EpisodeLimits, SamplingConfig
+from coevolve.services.agent.config import BackendConfig, EpisodeLimits, EvalConfig, SamplingConfig
 from coevolve.services.agent.episodes import run_episodes
-from coevolve.services.agent.evaluate import EvalConfig, eval_tasks, summarize
+from coevolve.services.agent.evaluate import eval_tasks, summarize
 from coevolve.services.learner.config import LearnerConfig
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from coevolve.services.agent.config import EvalSettings
 from coevolve.services.run.ablate import arm_names, arm_overrides
 from coevolve.services.run.plan import SERVICE_SETTINGS, make_plan, preset_names, settings_class
 from coevolve.services.runtime.config import ConfigError, assemble, owners, parts
@@ -18,8 +19,10 @@ PACKAGE = Path(__file__).resolve().parents[2]
 # The module each service's process starts from (its command imports it).
 ENTRY = {"learner": "coevolve.services.learner.service", "explorer": "coevolve.services.explorer.service",
          "validator": "coevolve.services.validator.service", "archiver": "coevolve.services.archive.archiver",
-         "streams": "coevolve.streams.worker.command", "simulate": "coevolve.services.simulate"}
-SURFACES = {**{service: settings_class(service) for service in SERVICE_SETTINGS}, "simulate": SimulationConfig}
+         "streams": "coevolve.streams.worker.command", "simulate": "coevolve.services.simulate",
+         "eval": "coevolve.services.agent.evaluate"}
+SURFACES = {**{service: settings_class(service) for service in SERVICE_SETTINGS}, "simulate": SimulationConfig,
+            "eval": EvalSettings}
 
 
 def _source(module: str) -> Path | None:
