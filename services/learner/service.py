@@ -243,7 +243,7 @@ class Learner(Service):
         return version
 
     def step(self) -> None:
-        """One training step, journaled, published and checkpointed; stop after the last."""
+        """One GRPO step, journaled, published and checkpointed; stop after the last."""
         step = self.done + 1
         blocked = self.pool.refresh(step)
         self._report_unloadable()

@@ -7,7 +7,7 @@ import torch
 from coevolve.services.agent.config import BackendConfig
 from coevolve.services.learner import checkpoint as ckpt
 from coevolve.services.learner.batch import TrainSequence
-from coevolve.services.learner.config import GRPOConfig, LearnerConfig, LearnerSettings, SamplerConfig
+from coevolve.services.learner.config import GRPOConfig, LearnerConfig, LearnerSettings
 from coevolve.services.learner.engines import build_engine
 from coevolve.services.learner.service import Learner, resolve_run
 from coevolve.services.learner.shapes import random_llama

@@ -10,7 +10,7 @@ from coevolve.services.envs.bfcl_data import load_tasks
 from coevolve.services.kafka.topics import EVALUATIONS, STEPS, TRAJECTORIES
 from coevolve.services.learner import journal
 from coevolve.services.learner.batch import TrainSequence
-from coevolve.services.learner.config import GRPOConfig, LearnerConfig, LearnerSettings, SamplerConfig
+from coevolve.services.learner.config import LearnerConfig, LearnerSettings, SamplerConfig
 from coevolve.services.learner.sampler import TaskPool
 from coevolve.services.learner.service import Learner, resolve_run
 from coevolve.services.learner.step import StepRecord
