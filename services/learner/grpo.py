@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import torch
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+from coevolve.services.learner.config import LOSS_AGG_MODES
+
 # Log-ratios beyond this are clamped before exp: exp(20) is already a ratio of 5e8, clipped anyway.
 _MAX_LOG_RATIO = 20.0
 
