@@ -7,9 +7,9 @@ or a flag of `coevolve explorer` (services/runtime/config.py).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
-from coevolve.services.agent.config import BackendConfig, GenerationConfig
-from coevolve.services.envs.bfcl_data import TOOL_DOCS
+from coevolve.services.agent.config import BackendConfig, EpisodeLimits, GenerationConfig
 from coevolve.services.envs.config import SeedPoolConfig
 from coevolve.services.runtime.config import ConfigError, ConsumerConfig, Settings, doc
 
@@ -75,8 +75,6 @@ class ExplorerConfig:
 class ExplorerServiceConfig(ConsumerConfig):
     """The explorer service: the prompt its runs see, its per-period limits, its start exploration's run."""
 
-    tool_docs: str = doc("full", "How exploration runs' system prompt lists the tools (full or signatures): as the "
-                                 "policy acting here was trained (under run.shared_policy, the learner's).")
     max_runs_per_period: int = doc(0, "Most exploration runs per period (0: no limit); the rest is skipped.")
     max_tokens_per_period: int = doc(0, "Most tokens (prompt and completion) per period (0: no limit).")
     max_seconds_per_period: float = doc(0.0, "Most wall time per period's exploration (0: no limit).")
@@ -86,17 +84,20 @@ class ExplorerServiceConfig(ConsumerConfig):
     def __post_init__(self) -> None:
         if min(self.max_runs_per_period, self.max_tokens_per_period, self.max_seconds_per_period) < 0:
             raise ConfigError("period limits must be >= 0 (0: no limit)")
-        if self.tool_docs not in TOOL_DOCS:
-            raise ConfigError(f"tool_docs={self.tool_docs!r}: choose one of {', '.join(TOOL_DOCS)}")
 
 
 @dataclass(frozen=True)
 class ExplorerSettings(Settings):
     """Everything `coevolve explorer` reads. The seed pool (categories, seed_tasks) is the one the
-    random and static strategies and the fallback explore: set it as the learner's."""
+    random and static strategies and the fallback explore: set it as the learner's. `limits` bound each
+    exploration run's context and list its tools (tool_docs: under run.shared_policy, the learner's)."""
+
+    refused: ClassVar[dict[str, str]] = {"max_user_turns": "an exploration run is one user turn",
+                                         "max_calls_per_turn": "calls_per_run bounds an exploration run's calls"}
 
     explorer: ExplorerConfig = field(default_factory=ExplorerConfig)
     service: ExplorerServiceConfig = field(default_factory=ExplorerServiceConfig)
     seeds: SeedPoolConfig = field(default_factory=SeedPoolConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     backend: BackendConfig = field(default_factory=BackendConfig)
+    limits: EpisodeLimits = field(default_factory=EpisodeLimits)

@@ -15,7 +15,7 @@ import time
 
 from prometheus_client import Counter
 
-from coevolve.services.agent.config import EpisodeLimits, SamplingConfig
+from coevolve.services.agent.config import SamplingConfig
 from coevolve.services.explorer.config import ExplorerServiceConfig, ExplorerSettings
 from coevolve.services.explorer.exploring import Budget, Outcome, explore_plan, explore_static
 from coevolve.services.explorer.planning import Plan, SignalBuffer
@@ -40,7 +40,7 @@ class Explorer(Service):
                                        seed=self.backend_cfg.seed)
         self.json_sampling = dataclasses.replace(self.sampling, max_new_tokens=gen.json_max_new_tokens)
         self.budget = Budget(cfg.max_runs_per_period, cfg.max_tokens_per_period, cfg.max_seconds_per_period)
-        self.limits = EpisodeLimits(tool_docs=cfg.tool_docs)  # a bad tool_docs fails here, not at the first period
+        self.limits = settings.limits
         self.delivered: dict = {}
         self.backend = self.consumer = self.producer = None
         self.task_ids: list[str] = []

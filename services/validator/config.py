@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from coevolve.services.agent.config import BackendConfig, GenerationConfig
+from coevolve.services.agent.config import BackendConfig, EpisodeLimits, GenerationConfig
 from coevolve.services.runtime.config import ConfigError, ConsumerConfig, Settings, doc
 
 
@@ -21,7 +21,7 @@ class ValidatorConfig:
     similarity_threshold: float = doc(90.0, "Instructions at least this similar (rapidfuzz token_sort_ratio, "
                                             "0-100) to a known task's make a proposal a near-duplicate.")
     max_turns: int = doc(6, "Most user turns a proposed task may have.")
-    max_calls_per_turn: int = doc(4, "Most reference calls in one of its turns.")
+    task_calls_per_turn: int = doc(4, "Most reference calls in one of its turns.")
     reference_from_exploration: bool = doc(True, "Every reference call is one of the group's explored calls "
                                                  "that succeeded (enforced by the schema, so constrained "
                                                  "decoding cannot invent one), with the seed's classes and "
@@ -40,7 +40,7 @@ class ValidatorConfig:
         if not 0 < self.similarity_threshold <= 100:
             raise ConfigError(f"similarity_threshold={self.similarity_threshold} must be in (0, 100]; "
                               "100 flags only identical instructions")
-        for name in ("max_turns", "max_calls_per_turn", "parse_attempts", "rounds_per_group"):
+        for name in ("max_turns", "task_calls_per_turn", "parse_attempts", "rounds_per_group"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)} must be at least 1")
 
@@ -54,13 +54,10 @@ class ValidatorServiceConfig(ConsumerConfig):
                            "earns a positive partial score.")
     attempt_temperature: float = doc(0.0, "Sampling temperature of the dual-pass attempts; 0 is greedy (one "
                                           "attempt), above 0 samples each attempt with its own seed.")
-    attempt_calls_per_turn: int = doc(10, "Most tool calls per user turn in the dual-pass attempt.")
-    tool_docs: str = doc("full", "How the attempts' system prompt lists the tools (full or signatures): as the "
-                                 "policy acting here was trained (the learner's tool_docs under run.shared_policy).")
 
     def __post_init__(self) -> None:
-        if self.group_wait_s <= 0 or self.attempt_calls_per_turn < 1:
-            raise ConfigError("group_wait_s must be > 0 and attempt_calls_per_turn >= 1")
+        if self.group_wait_s <= 0:
+            raise ConfigError(f"group_wait_s={self.group_wait_s} must be > 0")
         if self.attempts < 1 or self.attempt_temperature < 0:
             raise ConfigError(f"attempts={self.attempts} must be >= 1 and attempt_temperature="
                               f"{self.attempt_temperature} >= 0")
@@ -72,9 +69,11 @@ class ValidatorServiceConfig(ConsumerConfig):
 @dataclass(frozen=True)
 class ValidatorSettings(Settings):
     """Everything `coevolve validator` reads: the abstraction samples at generation.temperature with
-    json_max_new_tokens, the dual-pass attempts at attempt_temperature with max_new_tokens."""
+    json_max_new_tokens, the dual-pass attempts at attempt_temperature with max_new_tokens, as episodes
+    bounded by `limits` (whose tool_docs, under run.shared_policy, is the learner's)."""
 
     validator: ValidatorConfig = field(default_factory=ValidatorConfig)
     service: ValidatorServiceConfig = field(default_factory=ValidatorServiceConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     backend: BackendConfig = field(default_factory=BackendConfig)
+    limits: EpisodeLimits = field(default_factory=EpisodeLimits)

@@ -47,7 +47,7 @@ def propose(backend, groups: Sequence[tuple[Sequence[Mapping[str, Any]], Task]],
     """(proposed task, "", "") for each (group, seed), from one batched generation, or (None, error
     type, reason) when there is nothing to abstract or no answer could be used."""
     schemas = [group_schema(group, seed, config.max_turns, config.reference_from_exploration,
-                            config.instructions == "model", config.max_calls_per_turn) for group, seed in groups]
+                            config.instructions == "model", config.task_calls_per_turn) for group, seed in groups]
     asked = [i for i, schema in enumerate(schemas) if schema is not None]
     answers = generate_json(backend, [abstraction_messages(*groups[i], schemas[i]) for i in asked],
                             [schemas[i] for i in asked], sampling, retries=config.parse_attempts - 1) if asked else []

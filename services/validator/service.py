@@ -19,7 +19,7 @@ import time
 
 from prometheus_client import Counter, Gauge
 
-from coevolve.services.agent.config import EpisodeLimits, SamplingConfig
+from coevolve.services.agent.config import SamplingConfig
 from coevolve.services.kafka.consumer import EventConsumer
 from coevolve.services.kafka.producer import EventProducer
 from coevolve.services.kafka.topics import EXPLORATIONS, TASKS
@@ -46,7 +46,7 @@ class Validator(Service):
                                        seed=backend_cfg.seed)
         self.attempt_sampling = SamplingConfig(temperature=cfg.attempt_temperature, max_new_tokens=gen.max_new_tokens,
                                                seed=backend_cfg.seed)
-        self.limits = EpisodeLimits(max_calls_per_turn=cfg.attempt_calls_per_turn, tool_docs=cfg.tool_docs)
+        self.limits = settings.limits
         self.index: NoveltyIndex | None = None
         self.judged: dict[str, str] = {}  # task id -> its verdict, from coevolve.tasks and this process
         self.delivered: dict = {}
