@@ -30,7 +30,7 @@ from coevolve.services.kafka.embedded import EmbeddedBroker
 from coevolve.services.kafka.topics import create_topics
 from coevolve.services.learner.config import GRPOConfig, LearnerConfig, LearnerSettings
 from coevolve.services.learner.service import Learner
-from coevolve.services.learner.step import PHASES
+from coevolve.services.learner.record import PHASES
 
 
 def parity(episode) -> float:

@@ -9,8 +9,8 @@ simulator's runs have none of them).
 from __future__ import annotations
 
 from coevolve.services.analytics.view import View, query_rows
+from coevolve.services.learner.record import PHASES
 
-PHASES = ("rollout", "scoring", "training", "push", "publish", "blocked")
 VALIDATION_STAGES = ("well_formed", "executable", "novel", "dual_pass")  # the validator's order
 
 

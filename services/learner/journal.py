@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from coevolve.services.learner.batch import TrainSequence
-from coevolve.services.learner.step import StepRecord
+from coevolve.services.learner.record import StepRecord
 
 PREFIX = "step-"
 

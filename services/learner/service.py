@@ -44,7 +44,8 @@ from coevolve.services.learner import journal
 from coevolve.services.learner.config import LearnerConfig, LearnerSettings
 from coevolve.services.learner.evaluation import due, evaluate
 from coevolve.services.learner.sampler import TaskFeed, TaskPool
-from coevolve.services.learner.step import PHASES, Reward, StepRecord, StepResult, StepRunner
+from coevolve.services.learner.record import PHASES, StepRecord
+from coevolve.services.learner.step import Reward, StepResult, StepRunner
 from coevolve.services.runtime.config import ConfigError
 from coevolve.services.runtime.service import Service
 

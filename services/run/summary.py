@@ -8,7 +8,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from coevolve.services.learner.step import PHASES
+from coevolve.services.learner.record import PHASES
 from coevolve.services.run.tally import Tally
 from coevolve.streams.rules import Thresholds
 
@@ -95,7 +95,7 @@ def unclosed_reason(tally: Tally) -> str | None:
 
 def build(tally: Tally, plan_info: dict[str, Any], phases: dict[str, float], th: Thresholds,
           state: str) -> dict[str, Any]:
-    """The summary document (see README, "coevolve run")."""
+    """The summary document (docs/run.md, "summary.json")."""
     steps = [tally.steps[s] | {"step": s} for s in sorted(tally.steps)]
     stage_seconds = {k: sum(s.get(f"{k}_seconds") or 0.0 for s in steps) for k in PHASES}
     busy = sum(s.get("duration_seconds") or 0.0 for s in steps)

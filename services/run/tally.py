@@ -9,7 +9,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from coevolve.services.learner.step import PHASES, StepRecord
+from coevolve.services.learner.record import PHASES, StepRecord
 
 STEP_FIELDS = tuple(f.name for f in fields(StepRecord) if f.name not in ("event_id", "run_id", "step", "produced_at"))
 """What the tally keeps of a StepCompleted event: every field of the learner's StepRecord but its identity and
@@ -109,12 +109,12 @@ class Tally:
         s = self.steps[step]
         reward = "-" if s.get("train_reward") is None else f"{s['train_reward']:.3f}"
         loss = "-" if s.get("loss") is None else f"{s['loss']:+.4f}"
-        signals = " ".join(f"{k[0]}:{self.signals.get(k, 0)}" for k in ("forgetting", "boundary", "rare"))
-        explored = "+".join(f"{n} {k}" for k, n in sorted(self.explorations.items())) or "0"
+        signals = " · ".join(f"{k} {self.signals.get(k, 0)}" for k in ("forgetting", "boundary", "rare"))
+        explored = " · ".join(f"{n} {k}" for k, n in sorted(self.explorations.items())) or "0"
         rejected = len(self.verdicts) - self.validated
         pool = s.get("pool_size")
-        pool_text = "-" if pool is None else f"{pool} ({s.get('pool_synthesized') or 0} new)"
-        times = " ".join(f"{k} {s[f'{k}_seconds']:.1f}s" for k in PHASES[:3] if s.get(f"{k}_seconds") is not None)
+        pool_text = "-" if pool is None else f"{pool} ({s.get('pool_synthesized') or 0} synthesized)"
+        times = ", ".join(f"{k} {s[f'{k}_seconds']:.1f} s" for k in PHASES[:3] if s.get(f"{k}_seconds") is not None)
         return (f"step {step}/{total}  rollouts {s.get('trajectory_count')}  reward {reward}  loss {loss}  "
-                f"signals {signals}  explorations {explored}  verdicts {self.validated} ok/{rejected} rejected  "
-                f"pool {pool_text}  [{times}]")
+                f"signals {signals}  explorations {explored}  verdicts {self.validated} validated · {rejected} "
+                f"rejected  pool {pool_text}  ({times})")

@@ -13,7 +13,7 @@ from coevolve.services.learner.batch import TrainSequence
 from coevolve.services.learner.config import LearnerConfig, LearnerSettings, SamplerConfig
 from coevolve.services.learner.sampler import TaskPool
 from coevolve.services.learner.service import Learner, resolve_run
-from coevolve.services.learner.step import StepRecord
+from coevolve.services.learner.record import StepRecord
 from coevolve.services.runtime.config import ConfigError
 
 SEEDS = load_tasks(split="train")[:3]

@@ -52,7 +52,10 @@ def test_a_kind_that_fired_gets_no_excuse_and_the_summary_sums_the_steps():
     assert "rare" not in doc["signals_silent"] and doc["signals"]["rare"] == 1
     assert doc["steps"] == 2 and doc["pool_size"] == {1: 41, 2: 42}
     assert doc["learner_seconds"]["rollout"] == 12.0 and doc["blocked_share"] == pytest.approx(0.002)
-    assert "step 2/2" in tally.progress_line(2, 2) and "pool 42 (1 new)" in tally.progress_line(2, 2)
+    line = tally.progress_line(2, 2)
+    assert line.startswith("step 2/2  rollouts 1  reward 0.500") and "pool 42 (1 synthesized)" in line
+    assert "signals forgetting 0 · boundary 0 · rare 1  explorations 0  verdicts 0 validated · 0 rejected" in line
+    assert line.endswith("(rollout 6.0 s)")
 
 
 def test_the_loop_closes_where_an_update_first_trains_on_a_synthesized_task():
