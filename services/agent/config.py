@@ -7,7 +7,7 @@ what one batch of generations is asked for, built by the services from their set
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from coevolve.services.agent.precision import DTYPES
@@ -135,10 +135,9 @@ class EvalConfig:
             raise ConfigError("limit must be >= 0, in_flight and max_new_tokens >= 1")
 
 
-@dataclass(frozen=True)
 class EvalSettings(Settings):
     """Everything `coevolve eval` reads: `EVAL_<FIELD>`, then `<FIELD>`, or a flag."""
 
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    backend: BackendConfig = field(default_factory=BackendConfig)
-    limits: EpisodeLimits = field(default_factory=EpisodeLimits)
+    eval: EvalConfig
+    backend: BackendConfig
+    limits: EpisodeLimits

@@ -6,7 +6,7 @@ or a flag of `coevolve explorer` (services/runtime/config.py).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
 
 from coevolve.services.agent.config import BackendConfig, EpisodeLimits, GenerationConfig
@@ -86,7 +86,6 @@ class ExplorerServiceConfig(ConsumerConfig):
             raise ConfigError("period limits must be >= 0 (0: no limit)")
 
 
-@dataclass(frozen=True)
 class ExplorerSettings(Settings):
     """Everything `coevolve explorer` reads. The seed pool (categories, seed_tasks) is the one the
     random and static strategies and the fallback explore: set it as the learner's. `limits` bound each
@@ -95,9 +94,9 @@ class ExplorerSettings(Settings):
     refused: ClassVar[dict[str, str]] = {"max_user_turns": "an exploration run is one user turn",
                                          "max_calls_per_turn": "calls_per_run bounds an exploration run's calls"}
 
-    explorer: ExplorerConfig = field(default_factory=ExplorerConfig)
-    service: ExplorerServiceConfig = field(default_factory=ExplorerServiceConfig)
-    seeds: SeedPoolConfig = field(default_factory=SeedPoolConfig)
-    generation: GenerationConfig = field(default_factory=GenerationConfig)
-    backend: BackendConfig = field(default_factory=BackendConfig)
-    limits: EpisodeLimits = field(default_factory=EpisodeLimits)
+    explorer: ExplorerConfig
+    service: ExplorerServiceConfig
+    seeds: SeedPoolConfig
+    generation: GenerationConfig
+    backend: BackendConfig
+    limits: EpisodeLimits

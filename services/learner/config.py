@@ -8,7 +8,7 @@ beta 0 here so no reference model is loaded unless asked) and CPU-sized otherwis
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
@@ -174,7 +174,6 @@ class LearnerConfig(ServiceConfig):
             raise ConfigError(f"eval_split={self.eval_split!r}: choose test, train or all")
 
 
-@dataclass(frozen=True)
 class LearnerSettings(Settings):
     """Everything `coevolve learner` reads, each key `LEARNER_<FIELD>` or `learner.<field>` in a preset."""
 
@@ -183,10 +182,10 @@ class LearnerSettings(Settings):
                                          for key in ("base_url", "api_key_env", "request_timeout_s", "max_retries",
                                                      "concurrency")}
 
-    learner: LearnerConfig = field(default_factory=LearnerConfig)
-    grpo: GRPOConfig = field(default_factory=GRPOConfig)
-    sampler: SamplerConfig = field(default_factory=SamplerConfig)
-    seeds: SeedPoolConfig = field(default_factory=SeedPoolConfig)
-    warmup: WarmupConfig = field(default_factory=WarmupConfig)
-    backend: BackendConfig = field(default_factory=BackendConfig)
-    limits: EpisodeLimits = field(default_factory=EpisodeLimits)
+    learner: LearnerConfig
+    grpo: GRPOConfig
+    sampler: SamplerConfig
+    seeds: SeedPoolConfig
+    warmup: WarmupConfig
+    backend: BackendConfig
+    limits: EpisodeLimits

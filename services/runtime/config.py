@@ -99,9 +99,18 @@ class Settings:
     Every part loads with the service's prefix, so each key (`<SERVICE>_<FIELD>`, a preset's
     `<section>.<field>`, a flag) names one field of one part; two parts declaring one name is an error.
     A part's field the service does not read is in `refused`, with why: setting it is an error.
+    A subclass declares its parts as annotations (`learner: LearnerConfig`); each defaults to its
+    dataclass's defaults.
     """
 
     refused: typing.ClassVar[dict[str, str]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name, kind in typing.get_type_hints(cls).items():
+            if typing.get_origin(kind) is not typing.ClassVar and name in cls.__dict__.get("__annotations__", {}):
+                setattr(cls, name, dataclasses.field(default_factory=kind))
+        dataclasses.dataclass(frozen=True)(cls)
 
 
 def parts(cls: type) -> dict[str, type]:

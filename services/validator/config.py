@@ -6,7 +6,7 @@ or a flag of `coevolve validator` (services/runtime/config.py).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from coevolve.services.agent.config import BackendConfig, EpisodeLimits, GenerationConfig
 from coevolve.services.runtime.config import ConfigError, ConsumerConfig, Settings, doc
@@ -66,14 +66,13 @@ class ValidatorServiceConfig(ConsumerConfig):
                               "attempt_temperature above 0 (e.g. 1.0) or attempts=1")
 
 
-@dataclass(frozen=True)
 class ValidatorSettings(Settings):
     """Everything `coevolve validator` reads: the abstraction samples at generation.temperature with
     json_max_new_tokens, the dual-pass attempts at attempt_temperature with max_new_tokens, as episodes
     bounded by `limits` (whose tool_docs, under run.shared_policy, is the learner's)."""
 
-    validator: ValidatorConfig = field(default_factory=ValidatorConfig)
-    service: ValidatorServiceConfig = field(default_factory=ValidatorServiceConfig)
-    generation: GenerationConfig = field(default_factory=GenerationConfig)
-    backend: BackendConfig = field(default_factory=BackendConfig)
-    limits: EpisodeLimits = field(default_factory=EpisodeLimits)
+    validator: ValidatorConfig
+    service: ValidatorServiceConfig
+    generation: GenerationConfig
+    backend: BackendConfig
+    limits: EpisodeLimits

@@ -135,10 +135,10 @@ def test_two_parts_declaring_one_key_is_refused():
     from coevolve.services.agent.config import BackendConfig
     from coevolve.services.runtime.config import Settings
 
-    @dataclasses.dataclass(frozen=True)
     class Twice(Settings):
-        one: BackendConfig = dataclasses.field(default_factory=BackendConfig)
-        two: BackendConfig = dataclasses.field(default_factory=BackendConfig)
+        one: BackendConfig
+        two: BackendConfig
 
+    assert Twice().one == Twice().two == BackendConfig()  # each part defaults to its dataclass's defaults
     with pytest.raises(ConfigError, match="Twice: model is declared by both one and two; one key must set one field"):
         owners(Twice)
