@@ -18,6 +18,7 @@ from coevolve.services.archive.config import ArchiverConfig
 from coevolve.services.explorer.config import ExplorerSettings
 from coevolve.services.learner.config import LearnerSettings
 from coevolve.services.runtime import log as logs
+from coevolve.services.runtime.config import ConfigError, assemble, fields_doc, owners, parts
 from coevolve.services.simulate import SimulationConfig
 from coevolve.services.validator.config import ValidatorSettings
 from coevolve.streams.worker.config import StreamsConfig
@@ -34,8 +35,6 @@ BootstrapOpt = typer.Option(None, "--bootstrap", help="Kafka bootstrap address H
 
 def _flag(cls: type, name: str, *decls: str) -> Any:
     """A flag that overrides one setting of `cls` (a config or a Settings bundle); its help is the field's."""
-    from coevolve.services.runtime.config import fields_doc
-
     default, text = fields_doc(cls)[name]
     shown = f"{default}" if default not in ("", None) else "empty"
     return typer.Option(None, *decls, help=f"{text} (default: {shown})", show_default=False)
@@ -44,8 +43,6 @@ def _flag(cls: type, name: str, *decls: str) -> Any:
 def _settings_flags(cls: type, *names: str, **decls: str | tuple[str, ...]) -> Callable:
     """Give a command one flag per named setting of `cls` (its type, help and default from the dataclass,
     its name --the-field unless `decls` names it); the command receives them as `flags`, by field name."""
-    from coevolve.services.runtime.config import owners, parts
-
     hints = {name: typing.get_type_hints(parts(cls)[part])[name] for name, part in owners(cls).items()}
 
     def option(name: str) -> Any:
@@ -73,8 +70,6 @@ def _settings_flags(cls: type, *names: str, **decls: str | tuple[str, ...]) -> C
 
 def _load(cls, service: str, overrides: dict):
     """A service's settings from defaults, environment and flags; a bad value is a usage error."""
-    from coevolve.services.runtime.config import ConfigError, assemble
-
     try:
         return assemble(cls, service, {k: v for k, v in overrides.items() if v is not None})
     except ConfigError as exc:
@@ -213,7 +208,6 @@ def run(
     """Run the co-evolution loop: learner, signal worker, explorer, validator and archiver, then the report."""
     from coevolve.services.run.command import run_loop
     from coevolve.services.run.plan import make_plan
-    from coevolve.services.runtime.config import ConfigError
 
     overrides = list(settings or [])
     if steps is not None:
@@ -246,7 +240,6 @@ def ablate(
 ) -> None:
     """Run the paper's ablation table: each arm x seed an ordinary run at equal budget; resumable."""
     from coevolve.services.run.ablate import AblationFailed, run_ablation
-    from coevolve.services.runtime.config import ConfigError
 
     try:
         run_ablation(preset, [a.strip() for a in arms.split(",") if a.strip()], seeds, workdir, list(settings or []))
@@ -367,7 +360,6 @@ def replay(
 ) -> None:
     """Recompute signals from the event log (the archive, --input files, or the topics from offset zero with
     --bootstrap) with any thresholds; print counts and a diff."""
-    from coevolve.services.runtime.config import ConfigError
     from coevolve.streams.replay.command import run_replay
     from coevolve.streams.replay.config import ReplayConfig
 
@@ -525,7 +517,6 @@ def learner(
 
     Every setting of LearnerSettings (services/learner/config.py) is also read from LEARNER_<FIELD>."""
     from coevolve.services.learner.service import Learner
-    from coevolve.services.runtime.config import ConfigError
 
     settings = _load(LearnerSettings, "learner", {**flags, "resume": True if resume else None})
     try:
