@@ -142,3 +142,10 @@ def test_two_parts_declaring_one_key_is_refused():
     assert Twice().one == Twice().two == BackendConfig()  # each part defaults to its dataclass's defaults
     with pytest.raises(ConfigError, match="Twice: model is declared by both one and two; one key must set one field"):
         owners(Twice)
+
+
+def test_the_learner_has_one_seed_and_no_sampling_keys_of_its_own():
+    with pytest.raises(ConfigError, match=r"learner.top_p is not a setting of the learner"):
+        make_plan("smoke", ["learner.top_p=0.9"])
+    settings = assemble(SURFACES["learner"], "learner", environ={"LEARNER_SEED": "7"})
+    assert settings.backend.seed == 7 and [p for p, k in owners(SURFACES["learner"]).items() if p == "seed"] == ["seed"]
