@@ -1,8 +1,10 @@
-"""Configuration layering shared by every service: defaults, then `KEY`, then `SERVICE_KEY`.
+"""Configuration layering shared by every service: defaults, then `KEY`, then `SERVICE_KEY`, then flags.
 
-Each service has one frozen dataclass; every field has a default and a one-line doc in
+A config is a frozen dataclass; every field has a default and a one-line doc in
 `field(metadata={"doc": ...})`. `load(Config, "learner")` reads `LEARNER_KAFKA_BOOTSTRAP`, then
-`KAFKA_BOOTSTRAP`, then the default, and converts to the field's type.
+`KAFKA_BOOTSTRAP`, then the default, and converts to the field's type. A service's settings are one
+config or a `Settings` bundle of them, built by `assemble`; what services share is declared once here
+(`ServiceConfig`, `ConsumerConfig`) or in the part they have in common.
 """
 from __future__ import annotations
 
