@@ -73,7 +73,7 @@ class ExplorerConfig:
 
 @dataclass(frozen=True)
 class ExplorerServiceConfig(ConsumerConfig):
-    """The explorer service: the prompt its runs see, its per-period limits, its start exploration's run."""
+    """The explorer service: its per-period limits and the run its start exploration is recorded under."""
 
     max_runs_per_period: int = doc(0, "Most exploration runs per period (0: no limit); the rest is skipped.")
     max_tokens_per_period: int = doc(0, "Most tokens (prompt and completion) per period (0: no limit).")

@@ -37,7 +37,6 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from coevolve.services.agent.config import SamplingConfig
 from coevolve.services.agent.episodes import EpisodesStopped
-from coevolve.services.envs.base import Task
 from coevolve.services.kafka.topics import DEADLETTER, EVALUATIONS, STEPS, TASKS, TRAJECTORIES
 from coevolve.services.learner import checkpoint as ckpt
 from coevolve.services.learner import journal
@@ -163,12 +162,9 @@ class Learner(Service):
         self.log.info("learner.evaluated", step=0, success_rate=evaluation["success_rate"],
                       mean_score=evaluation["mean_score"], tasks=evaluation["task_count"])
 
-    def _seed_tasks(self) -> list[Task]:
-        return self.seeds.tasks()
-
     def _pool(self) -> TaskPool:
         """A fresh pool of the seed tasks (a resumed run restores its state after)."""
-        return TaskPool(self._seed_tasks(), self.sampler_cfg, seed=self.backend_cfg.seed)
+        return TaskPool(self.seeds.tasks(), self.sampler_cfg, seed=self.backend_cfg.seed)
 
     def starting_policy(self) -> str:
         """The model the first rollouts come from: the warmed one when the warm-up is on (`warm_up`),
@@ -180,7 +176,7 @@ class Learner(Service):
         from coevolve.services.learner.warmup import warm_model
 
         base = self.backend_cfg.model
-        tasks = list({t.task_id: t for t in self._seed_tasks()}.values())  # the pool's seed tasks
+        tasks = list({t.task_id: t for t in self.seeds.tasks()}.values())  # the pool's seed tasks
         path = warm_model(base, self.backend_cfg.coevolve_home, self.warmup, self.grpo, self.backend_cfg.seed,
                           tasks, self.limits)
         self.log.info("learner.warmed", base=base, model=str(path))

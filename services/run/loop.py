@@ -152,11 +152,12 @@ def drain(s: Session, tally: Tally, printed: set[int]) -> bool:
     probe = LagProbe(s.bootstrap)
     deadline = time.monotonic() + s.plan.run.drain_timeout_s
     quiet_since, seen = time.monotonic(), len(tally.seen)
+    groups = {name: (s.plan.consumer_group(name), topics) for name, topics in DRAIN_TOPICS.items()}
     try:
         while time.monotonic() < deadline:
             follow(s, tally, printed)
             s.supervisor.tend(s.children)
-            behind = probe.behind({name: (s.plan.consumer_group(name), topics) for name, topics in DRAIN_TOPICS.items()})
+            behind = probe.behind(groups)
             if len(tally.seen) != seen or any(behind.values()):
                 quiet_since, seen = time.monotonic(), len(tally.seen)
                 log.info("run.draining", behind=behind)
@@ -173,14 +174,14 @@ def settle_archive(s: Session, timeout_s: float = 120.0) -> None:
     archiver = s.children["archiver"]
     probe = LagProbe(s.bootstrap)
     deadline = time.monotonic() + timeout_s
+    group = s.plan.consumer_group("archiver")
     try:
         while time.monotonic() < deadline:
             if s.supervisor is not None:
                 s.supervisor.tend(["archiver"])
             elif archiver.exit_code is not None:  # the services never all came up: nothing restarts it
                 break
-            if archiver.exit_code is None and probe.lag(s.plan.consumer_group("archiver"),
-                                                        list(CATALOG)) == 0:
+            if archiver.exit_code is None and probe.lag(group, list(CATALOG)) == 0:
                 break
             time.sleep(1.0)
     except ChildFailed as exc:  # the run stops anyway; what the archiver did not store stays on the broker
