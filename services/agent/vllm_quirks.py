@@ -85,11 +85,11 @@ def reload_weights(llm: Any, named_tensors: Iterable[tuple[str, Any]]) -> None:
     if dtype is not None:  # a float32 trainer pushing into a bf16 engine: cast here, not per-weight warnings
         named_tensors = ((name, tensor.to(dtype)) for name, tensor in named_tensors)
     runner.reload_weights(weights_iterator=iter(named_tensors))
-    _repack_tied_head(runner.model)
+    repack_tied_head(runner.model)
     llm.reset_prefix_cache()
 
 
-def _repack_tied_head(model: Any) -> None:
+def repack_tied_head(model: Any) -> None:
     """Rebuild the LM head's packed kernel when it shares its weight with the input embeddings."""
     head = getattr(model, "lm_head", None)
     embed = getattr(getattr(model, "model", None), "embed_tokens", None)
