@@ -15,6 +15,7 @@ EVENTS = (
     "ExplorationRecorded",
     "TaskChecked",
     "EvaluationCompleted",
+    "PolicyUpdated",
     "DeadLettered",
 )
 

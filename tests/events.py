@@ -25,6 +25,7 @@ def sample_events() -> dict[str, dict]:
             "train_reward": 0.41, "eval_score": None, "loss": 0.12, "duration_seconds": 7.5,
             "pool_size": 120, "pool_synthesized": 7, "zero_variance_groups": 5, "resampled_groups": 2,
             "tokens_trained": 9000, "synthesized_trained": 4, "synthesized_tasks_trained": 1,
+            "staleness_max": 1, "staleness_mean": 0.5, "stale_groups": 0,
             "rollout_seconds": 4.0, "scoring_seconds": 0.1, "training_seconds": 3.0,
             "push_seconds": 0.3, "publish_seconds": 0.05, "blocked_seconds": 0.001, "produced_at": NOW,
         },
@@ -63,6 +64,10 @@ def sample_events() -> dict[str, dict]:
             "env": "bfcl", "task_count": 2, "success_rate": 0.5, "mean_score": 0.75,
             "task_ids": ["multi_turn_base_1", "multi_turn_base_2"], "scores": [1.0, 0.5],
             "duration_seconds": 12.5, "produced_at": NOW,
+        },
+        "PolicyUpdated": {
+            "event_id": eid(), "run_id": "r1", "step": 3, "version": 3, "backend": "vllm-server",
+            "bytes": 538_000_000, "seconds": 1.25, "servers": 2, "servers_behind": 0, "produced_at": NOW,
         },
         "DeadLettered": {
             "event_id": eid(), "source_topic": "coevolve.trajectories", "source_partition": 0,

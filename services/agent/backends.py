@@ -7,6 +7,10 @@ from coevolve.services.agent.config import BackendConfig
 
 def make_backend(config: BackendConfig) -> Backend:
     """The configured backend, with its model resolved (and built on first use) for local ones."""
+    if config.backend == "vllm-server":
+        from coevolve.services.runtime.config import ConfigError
+        raise ConfigError("vllm-server is the learner's rollout fleet; another service reaches a vLLM server "
+                          "with --backend openai --base-url http://HOST:PORT/v1")
     if config.backend == "openai":
         from coevolve.services.agent.openai_backend import OpenAIBackend
         return OpenAIBackend(config)

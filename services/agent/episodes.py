@@ -48,6 +48,7 @@ class Episode:
     truncated: str | None = None
     """Why the episode ended before its last turn was done (a limit, a backend error), or None."""
     policy_version: int = 0
+    """The oldest policy version among its generations (the backend's version at the start before any)."""
     generations: int = 0
     errors: list[str] = field(default_factory=list)
     """Failed generations (the backend's message each); the request is retried, not shown to the model."""
@@ -179,6 +180,9 @@ class EpisodeRunner:
 
     def _append_generation(self, completion: Completion) -> None:
         ep = self.episode
+        # the oldest policy any of its generations came from (backends may update between turns)
+        ep.policy_version = completion.policy_version if not ep.generations else \
+            min(ep.policy_version, completion.policy_version)
         ep.generations += 1
         ep.messages.append({"role": "assistant", "content": completion.text})
         if self.template is None:

@@ -7,6 +7,7 @@ of every episode recomputes its whole prompt, which is why vLLM is the default f
 """
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Iterable, Sequence
 
@@ -38,10 +39,17 @@ class TransformersBackend:
         self.batch_size = config.batch_size
         self.max_model_len = config.max_model_len
         self.version = 0
+        self.lock = threading.Lock()
         self.stats = BackendStats()
         self._calls = 0
 
     def generate(self, requests: Sequence[Request], sampling: SamplingConfig) -> list[Completion]:
+        """One call at a time: an update (`update_weights`, from another thread) waits for it, and it for an
+        update, so every completion comes from the one version it carries."""
+        with self.lock:
+            return self._generate(requests, sampling)
+
+    def _generate(self, requests: Sequence[Request], sampling: SamplingConfig) -> list[Completion]:
         """Generate in batches of `batch_size`; a batch that raises fails its requests alone."""
         self._calls += 1
         started = time.monotonic()
@@ -104,6 +112,10 @@ class TransformersBackend:
                           policy_version=self.version, prompt_tokens=prompt_len)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int | None = None) -> int:
+        with self.lock:
+            return self._update_weights(named_tensors, version)
+
+    def _update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int | None = None) -> int:
         """Copy (name, tensor) pairs into the model's parameters."""
         state = dict(named_tensors)
         missing = set(state) - set(self.net.state_dict())

@@ -7,6 +7,7 @@ and values. The engine runs in this process (see `vllm_quirks`), so `update_weig
 from __future__ import annotations
 
 import math
+import threading
 import time
 from typing import Any, Iterable, Sequence
 
@@ -35,6 +36,7 @@ class VllmBackend:
         self.tokenizer = self.llm.get_tokenizer()
         self.template = ChatTemplate(self.tokenizer)
         self.version = 0
+        self.lock = threading.Lock()
         self.max_model_len = config.max_model_len
         self.stats = BackendStats(extra={"startup_seconds": time.monotonic() - started})
         self.seeded = vllm_quirks.request_seeds_supported()
@@ -52,6 +54,12 @@ class VllmBackend:
                               structured_outputs=structured)
 
     def generate(self, requests: Sequence[Request], sampling: SamplingConfig) -> list[Completion]:
+        """One call at a time: an update (`update_weights`, from another thread) waits for it, and it for an
+        update, so every completion comes from the one version it carries."""
+        with self.lock:
+            return self._generate(requests, sampling)
+
+    def _generate(self, requests: Sequence[Request], sampling: SamplingConfig) -> list[Completion]:
         """Generate every request in one engine call; a request the engine refuses fails alone."""
         from vllm.inputs import TokensPrompt
 
@@ -102,6 +110,10 @@ class VllmBackend:
             self.stats.completion_tokens += r.completion_tokens
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int | None = None) -> int:
+        with self.lock:
+            return self._update_weights(named_tensors, version)
+
+    def _update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int | None = None) -> int:
         """Load (name, tensor) pairs, named as in the Hugging Face checkpoint, into the engine."""
         started = time.monotonic()
         vllm_quirks.reload_weights(self.llm, named_tensors)

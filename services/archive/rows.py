@@ -23,7 +23,7 @@ COLUMNS: dict[str, list[str]] = {
     "steps": ["event_id", "run_id", "step", "trajectory_count", "policy_version", "train_reward",
               "eval_score", "loss", "duration_seconds", "pool_size", "pool_synthesized", "zero_variance_groups",
               "resampled_groups", "tokens_trained", "synthesized_trained", "synthesized_tasks_trained",
-              "rollout_seconds", "scoring_seconds", "training_seconds",
+              "staleness_max", "staleness_mean", "stale_groups", "rollout_seconds", "scoring_seconds", "training_seconds",
               "push_seconds", "publish_seconds", "blocked_seconds", "produced_at", *ORIGIN],
     "signals": ["event_id", "kind", "run_id", "step", "subject", "task_id", "pattern", "success_threshold",
                 "window", "rare_threshold", "pattern_length", "incomplete", "attempt_score", "scores",
@@ -35,13 +35,15 @@ COLUMNS: dict[str, list[str]] = {
               "exploration_ids", "validation_score", "stage", "stages", "seed_task_id", "produced_at", *ORIGIN],
     "evaluations": ["event_id", "run_id", "step", "policy_version", "split", "env", "task_count", "success_rate",
                     "mean_score", "task_ids", "scores", "duration_seconds", "produced_at", *ORIGIN],
+    "policy_updates": ["event_id", "run_id", "step", "version", "backend", "bytes", "seconds", "servers",
+                       "servers_behind", "produced_at", *ORIGIN],
     "deadletters": ["event_id", "source_topic", "source_partition", "source_offset", "key", "payload",
                     "error_type", "reason", "service", "produced_at", *ORIGIN],
 }
 
 TABLE_OF = {"TrajectoryRecorded": "trajectories", "StepCompleted": "steps", "SignalRaised": "signals",
             "ExplorationRecorded": "explorations", "TaskChecked": "tasks", "EvaluationCompleted": "evaluations",
-            "DeadLettered": "deadletters"}
+            "PolicyUpdated": "policy_updates", "DeadLettered": "deadletters"}
 
 
 _FIELDS = {table: cols[:-len(ORIGIN)] for table, cols in COLUMNS.items() if cols[-1] == ORIGIN[-1]}
@@ -119,6 +121,7 @@ _MAPPERS: dict[str, Callable[[dict], list]] = {
     "DeadLettered": _deadletter,
     "TaskChecked": _task, "StepCompleted": lambda e: _plain(e, "steps"),
     "EvaluationCompleted": lambda e: _plain(e, "evaluations"),
+    "PolicyUpdated": lambda e: _plain(e, "policy_updates"),
 }
 
 

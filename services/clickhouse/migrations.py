@@ -100,10 +100,23 @@ V3 = [
         ADD COLUMN IF NOT EXISTS synthesized_tasks_trained Nullable(Int32) AFTER synthesized_trained""",
 ]
 
+# The rollout engine's weight updates, and how far behind the policy was what each step trained on.
+V4 = [
+    """ALTER TABLE {db}.steps
+        ADD COLUMN IF NOT EXISTS staleness_max Nullable(Int32) AFTER synthesized_tasks_trained,
+        ADD COLUMN IF NOT EXISTS staleness_mean Nullable(Float64) AFTER staleness_max,
+        ADD COLUMN IF NOT EXISTS stale_groups Nullable(Int32) AFTER staleness_mean""",
+    f"""CREATE TABLE IF NOT EXISTS {{db}}.policy_updates (
+        event_id String, run_id LowCardinality(String), step Int64, version Int64, backend LowCardinality(String),
+        bytes Int64, seconds Float64, servers Int32, servers_behind Int32, produced_at {_UTC}, {_ORIGIN}
+    ) ENGINE = ReplacingMergeTree(log_rank) ORDER BY (run_id, version, event_id)""",
+]
+
 MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (1, "event tables, actions exploded", V1),
     (2, "step pool and timing, exploration strategy, task stages, evaluations", V2),
     (3, "synthesized rollouts and tasks each step trained on", V3),
+    (4, "policy updates; the staleness of what each step trained on", V4),
 ]
 
 

@@ -31,9 +31,10 @@ EXPLORATIONS = Topic("coevolve.explorations", "ExplorationRecorded", "task_id", 
 TASKS = Topic("coevolve.tasks", "TaskChecked", "task_id", 4, {"cleanup.policy": "compact"})
 DEADLETTER = Topic("coevolve.deadletter", "DeadLettered", "source topic", 1, KEEP_FOREVER)
 EVALUATIONS = Topic("coevolve.evaluations", "EvaluationCompleted", "run_id", 1, KEEP_FOREVER)
+POLICY = Topic("coevolve.policy", "PolicyUpdated", "run_id", 1, KEEP_FOREVER)
 
 CATALOG: dict[str, Topic] = {t.name: t for t in (TRAJECTORIES, STEPS, SIGNALS, EXPLORATIONS, TASKS, EVALUATIONS,
-                                                         DEADLETTER)}
+                                                         POLICY, DEADLETTER)}
 
 
 def create_topics(bootstrap: str, topics: list[Topic] | None = None,

@@ -15,6 +15,7 @@ from typing import ClassVar
 from coevolve.services.agent.config import BackendConfig, EpisodeLimits
 from coevolve.services.agent.precision import AUTOCASTS
 from coevolve.services.envs.config import SeedPoolConfig
+from coevolve.services.fleet.config import FleetConfig
 from coevolve.services.runtime.config import ConfigError, ServiceConfig, Settings, doc
 
 REWARDS = ("binary", "partial")
@@ -45,6 +46,12 @@ class GRPOConfig:
                         "weights and optimizer stay float32), or auto (bf16 where the device computes it "
                         "natively, else off).")
     deepspeed_config: str = doc("", "Path of a DeepSpeed JSON config (ZeRO stage 0-2); empty trains with plain torch.")
+    max_policy_lag: int = doc(0, "Bounded-staleness asynchronous steps: the rollouts of the next L steps are "
+                              "generated while a step trains and pushes, and no rollout trained on comes from a "
+                              "policy more than L versions old; the loss is then decoupled PPO (grpo.py). 0 is "
+                              "synchronous: generate, train, push, in turn.")
+    behaviour_weight_cap: float = doc(2.0, "max_policy_lag >= 1: the behaviour importance weight "
+                                      "pi_prox / pi_behav is truncated at this value.")
     lora_rank: int = doc(0, "LoRA rank through peft; 0 trains every weight.")
     lora_alpha: int = doc(16, "LoRA alpha (scale alpha / rank).")
     lora_targets: str = doc("q_proj,k_proj,v_proj,o_proj", "Comma-separated module names LoRA adapts.")
@@ -66,6 +73,9 @@ class GRPOConfig:
             raise ConfigError("adv_eps and temperature must be positive; sample with temperature > 0 to train")
         if self.autocast not in AUTOCASTS:
             raise ConfigError(f"autocast={self.autocast!r}: choose {', '.join(AUTOCASTS)}")
+        if self.max_policy_lag < 0 or self.behaviour_weight_cap < 1:
+            raise ConfigError(f"max_policy_lag must be >= 0 (0 = synchronous; got {self.max_policy_lag}) and "
+                              f"behaviour_weight_cap >= 1 (got {self.behaviour_weight_cap})")
         if self.micro_batch_size < 1:
             raise ConfigError(f"micro_batch_size must be at least 1 (got {self.micro_batch_size})")
         if self.lora_rank < 0 or self.lora_alpha <= 0:
@@ -177,8 +187,9 @@ class LearnerConfig(ServiceConfig):
 class LearnerSettings(Settings):
     """Everything `coevolve learner` reads, each key `LEARNER_<FIELD>` or `learner.<field>` in a preset."""
 
-    refused: ClassVar[dict[str, str]] = {key: "the learner trains its rollout policy in-process (backend vllm or "
-                                              "transformers); the openai backend's settings do not apply"
+    refused: ClassVar[dict[str, str]] = {key: "the learner updates its own rollout policy (backend vllm, "
+                                              "transformers or vllm-server, whose settings are the fleet's); "
+                                              "the openai backend's settings do not apply"
                                          for key in ("base_url", "api_key_env", "request_timeout_s", "max_retries",
                                                      "concurrency")}
 
@@ -188,4 +199,5 @@ class LearnerSettings(Settings):
     seeds: SeedPoolConfig
     warmup: WarmupConfig
     backend: BackendConfig
+    fleet: FleetConfig
     limits: EpisodeLimits

@@ -84,7 +84,8 @@ class Engine:
         self.model.train()
         counts = torch.tensor([s.loss_tokens for s in batch])
         scales = grpo.sequence_scales(counts, cfg.loss_agg)
-        sums = dict.fromkeys(("loss", "pg_loss", "kl", "clipped", "abs_log_ratio"), 0.0)
+        sums = dict.fromkeys(("loss", "pg_loss", "kl", "clipped", "abs_log_ratio", "behaviour_weight",
+                              "weight_capped"), 0.0)
         if cfg.shared_prefix:
             parts = packing.plan(batch, cfg.micro_batch_size)
         else:
@@ -107,6 +108,8 @@ class Engine:
             "loss": sums["loss"], "pg_loss": sums["pg_loss"], "kl": sums["kl"],
             "clip_fraction": sums["clipped"] / max(loss_tokens, 1), "grad_norm": grad_norm,
             "abs_log_ratio": sums["abs_log_ratio"] / max(loss_tokens, 1),
+            "behaviour_weight": sums["behaviour_weight"] / max(loss_tokens, 1),
+            "weight_capped_fraction": sums["weight_capped"] / max(loss_tokens, 1),
             "loss_tokens": float(loss_tokens), "tokens": float(sum(len(s.token_ids) for s in batch)),
             "sequences": float(len(batch)), "step_seconds": seconds,
         }
@@ -126,8 +129,14 @@ class Engine:
                     scales: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = self.config
         logp = self._logprobs(self._forward, mb, pk)
-        pg, clipped = grpo.clipped_pg_loss(logp, mb.old_logprobs, mb.advantages, mb.loss_mask,
-                                           cfg.clip_low, cfg.clip_high)
+        if cfg.max_policy_lag:  # one optimizer step per update: the policy before it is the proximal one
+            pg, clipped, weight = grpo.decoupled_pg_loss(logp, logp.detach(), mb.old_logprobs, mb.advantages,
+                                                         mb.loss_mask, cfg.clip_low, cfg.clip_high,
+                                                         cfg.behaviour_weight_cap)
+        else:
+            pg, clipped = grpo.clipped_pg_loss(logp, mb.old_logprobs, mb.advantages, mb.loss_mask,
+                                               cfg.clip_low, cfg.clip_high)
+            weight = torch.ones_like(logp)
         pg_loss = grpo.aggregate(pg, mb.loss_mask, scales)
         loss, kl_value = pg_loss, 0.0
         if cfg.kl_beta > 0:
@@ -138,8 +147,11 @@ class Engine:
         # every micro-batch runs before the update's optimizer step, so this is the rollout/trainer mismatch
         gap = (logp.detach() - mb.old_logprobs).abs()
         drift = float(torch.where(mb.loss_mask.bool(), gap, torch.zeros_like(gap)).sum())
+        keep = mb.loss_mask.bool()
+        capped = keep & (weight >= cfg.behaviour_weight_cap)
         return loss, {"loss": float(loss.detach()), "pg_loss": float(pg_loss.detach()), "kl": kl_value,
-                      "clipped": float(clipped.sum()), "abs_log_ratio": drift}
+                      "clipped": float(clipped.sum()), "abs_log_ratio": drift,
+                      "behaviour_weight": float(weight[keep].sum()), "weight_capped": float(capped.sum())}
 
     @torch.no_grad()
     def _reference_logprobs(self, mb: Collated, pk: packing.Pack | None) -> torch.Tensor:

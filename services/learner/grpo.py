@@ -15,6 +15,8 @@ with weights w from `sequence_scales` (token-mean by default). No I/O, no model,
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from coevolve.services.learner.config import LOSS_AGG_MODES
@@ -114,6 +116,30 @@ def clipped_pg_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torc
     loss = torch.maximum(unclipped, clipped)
     was_clipped = (clipped > unclipped) & keep
     return torch.where(keep, loss, torch.zeros_like(loss)), was_clipped.float()
+
+
+def decoupled_pg_loss(logp: torch.Tensor, prox_logp: torch.Tensor, behav_logp: torch.Tensor,
+                      advantages: torch.Tensor, mask: torch.Tensor, clip_low: float = 0.20, clip_high: float = 0.28,
+                      cap: float = 2.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token decoupled PPO loss with a truncated behaviour weight, for rollouts of an older policy.
+
+        w_t     = min(exp(prox_t - behav_t), cap)         behaviour importance weight, truncated (TIS)
+        ratio_t = exp(logp_t - prox_t)
+        pg_t    = w_t * max(-A * ratio_t, -A * clip(ratio_t, 1 - clip_low, 1 + clip_high))
+
+    `behav` are the log-probs the rollout was sampled with (a policy up to `max_policy_lag` versions
+    old), `prox` those of the proximal policy (the one being updated, before the update) and `logp` the
+    current ones. The clip keeps the update near the proximal policy, not near the stale behaviour
+    policy; the weight corrects for sampling from the latter, truncated at `cap` so one token sampled
+    where the policy has since moved far cannot dominate the batch. With prox = behav the weight is 1
+    and this is `clipped_pg_loss(logp, behav, ...)` exactly. Returns the loss, the clip indicator and
+    the weights (1 where masked).
+    """
+    pg, clipped = clipped_pg_loss(logp, prox_logp, advantages, mask, clip_low, clip_high)
+    keep = mask.bool()
+    log_w = torch.where(keep, prox_logp - behav_logp, torch.zeros_like(prox_logp))
+    weight = torch.exp(log_w.clamp(-_MAX_LOG_RATIO, math.log(cap))).detach()
+    return pg * weight, clipped, weight
 
 
 def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -14,8 +14,8 @@ An entry holds:
 
     batch.json      the TrainSequences the update trained on (token ids, loss mask, rollout
                     log-probs, advantage); empty when the step did not train
-    records.json    the TrajectoryRecorded records, the EvaluationCompleted record or null, and the
-                    StepCompleted record as built before publishing
+    records.json    the TrajectoryRecorded records, the PolicyUpdated and EvaluationCompleted records
+                    or null, and the StepCompleted record as built before publishing
     state.json      step, run id, whether it trained, the policy version and the engine's update
                     count after it (key `engine_steps`), and the pool's state after it (what it had
                     taken in from coevolve.tasks, its RNG)
@@ -59,6 +59,8 @@ class Entry:
     engine_updates: int
     sampler: dict[str, Any]
     published: bool = False
+    policy_update: dict[str, Any] | None = None
+    """The step's `PolicyUpdated` record; None when it pushed nothing."""
 
 
 def journal_dir(workdir: Path) -> Path:
@@ -87,7 +89,7 @@ def write(workdir: Path, entry: Entry) -> Path:
                                 "logprobs": [float(p) for p in s.logprobs], "advantage": float(s.advantage)}
                                for s in entry.batch])
     _dump(tmp / "records.json", {"trajectories": entry.trajectories, "evaluation": entry.evaluation,
-                                 "record": entry.record.to_event()})
+                                 "record": entry.record.to_event(), "policy_update": entry.policy_update})
     _dump(tmp / "state.json", {"step": entry.step, "run_id": entry.run_id, "trained": entry.trained,
                                "policy_version": entry.policy_version, "engine_steps": entry.engine_updates,
                                "sampler": entry.sampler})
@@ -115,7 +117,7 @@ def read(path: Path) -> Entry:
                  batch=batch, trajectories=records["trajectories"], evaluation=records["evaluation"],
                  record=StepRecord.from_event(_load(path / "published.json") if published else records["record"]),
                  policy_version=int(state["policy_version"]), engine_updates=int(state["engine_steps"]),
-                 sampler=state["sampler"], published=published)
+                 sampler=state["sampler"], published=published, policy_update=records.get("policy_update"))
 
 
 def complete(workdir: Path) -> dict[int, Path]:

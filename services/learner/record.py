@@ -35,6 +35,11 @@ class StepRecord:
     synthesized_trained: int
     """Rollouts of synthesized tasks whose group gave the update a gradient; 0 without an update."""
     synthesized_tasks_trained: int
+    staleness_max: int | None
+    """Versions between the update and the oldest policy behind a rollout it trained on; None without one."""
+    staleness_mean: float | None
+    stale_groups: int
+    """Groups left out of the update for a rollout older than `max_policy_lag` versions (a lagging server)."""
     rollout_seconds: float
     scoring_seconds: float
     training_seconds: float

@@ -27,6 +27,7 @@ dead-letters an arrival (`task_unloadable` on coevolve.deadletter, the TaskCheck
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from datetime import datetime, timezone
@@ -37,7 +38,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from coevolve.services.agent.config import SamplingConfig
 from coevolve.services.agent.episodes import EpisodesStopped
-from coevolve.services.kafka.topics import DEADLETTER, EVALUATIONS, STEPS, TASKS, TRAJECTORIES
+from coevolve.services.kafka.topics import DEADLETTER, EVALUATIONS, POLICY, STEPS, TASKS, TRAJECTORIES
 from coevolve.services.learner import checkpoint as ckpt
 from coevolve.services.learner import journal
 from coevolve.services.learner.config import LearnerConfig, LearnerSettings
@@ -77,11 +78,13 @@ class Learner(Service):
     def __init__(self, settings: LearnerSettings, reward: Reward | None = None):
         super().__init__(settings.learner)
         if settings.backend.backend == "openai":
-            raise ConfigError("the learner trains the rollout policy in-process: use --backend vllm or "
-                              "transformers (openai serves fixed weights)")
+            raise ConfigError("the learner updates its rollout policy: use --backend vllm, transformers or "
+                              "vllm-server (openai serves fixed weights)")
         self.cfg: LearnerConfig = settings.learner
         self.grpo, self.sampler_cfg, self.backend_cfg = settings.grpo, settings.sampler, settings.backend
         self.warmup, self.limits, self.seeds = settings.warmup, settings.limits, settings.seeds
+        self.fleet_cfg = settings.fleet
+        self.servers = None  # the local fleet this learner started (vllm-server without server_urls)
         self.sampling = SamplingConfig(temperature=self.grpo.temperature, max_new_tokens=self.cfg.max_new_tokens,
                                        seed=self.backend_cfg.seed)
         self.reward = reward
@@ -111,6 +114,12 @@ class Learner(Service):
         self.m_blocked = Gauge("learner_blocked_share", "Share of wall time blocked on the loop (taking tasks in).",
                                registry=reg)
         self.m_replayed = Counter("learner_steps_replayed", "Journaled steps replayed at a resume.", registry=reg)
+        self.m_pushes = Counter("learner_weight_updates", "Weight updates pushed into the rollout engine.",
+                                registry=reg)
+        self.m_push_s = Histogram("learner_weight_update_seconds", "Wall time of one weight push.", registry=reg,
+                                  buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120))
+        self.m_behind = Gauge("learner_servers_behind", "Fleet servers a failed transfer left on an older policy.",
+                              registry=reg)
         self.m_unloadable = Counter("learner_tasks_unloadable", "Tasks refused or dropped from the pool because "
                                     "their episodes cannot start.", registry=reg)
 
@@ -124,7 +133,7 @@ class Learner(Service):
 
         self.pool = self._pool()
         self.backend_cfg = dataclasses.replace(self.backend_cfg, model=self.starting_policy())
-        self.backend = make_backend(self.backend_cfg)
+        self.backend = self._fleet() if self.backend_cfg.backend == "vllm-server" else make_backend(self.backend_cfg)
         self.engine = self._engine()
         if self.resumed is not None:
             ckpt.restore_engine(self.engine, self.resumed)
@@ -151,6 +160,28 @@ class Learner(Service):
         if self.done >= self.cfg.steps:
             self.stop()
         self.started = time.monotonic()
+
+    def _fleet(self):
+        """The rollout fleet: the servers at `server_urls`, or `servers` local ones started here."""
+        from coevolve.services.agent.fleet_backend import FleetBackend
+        from coevolve.services.agent.models import resolve_model
+        from coevolve.services.fleet.servers import LocalServers
+
+        model_dir = str(resolve_model(self.backend_cfg.model, self.backend_cfg.coevolve_home))
+        urls = self.fleet_cfg.urls
+        if not urls:
+            self.servers = LocalServers(model_dir, self.fleet_cfg.servers, self.backend_cfg, self.fleet_cfg,
+                                        Path(self.cfg.workdir) / "servers")
+            urls = self.servers.start().urls
+            self.log.info("learner.fleet_started", servers=len(urls), urls=urls)
+        return FleetBackend(urls, model_dir, self.backend_cfg, self.fleet_cfg, model_name=self.backend_cfg.model)
+
+    def _observe_push(self, push: dict[str, Any]) -> None:
+        self.m_pushes.inc()
+        self.m_push_s.observe(push["seconds"])
+        self.m_behind.set(push["servers_behind"])
+        self.log.info("learner.policy_updated", version=push["version"], seconds=round(push["seconds"], 3),
+                      bytes=push["bytes"], servers=push["servers"], servers_behind=push["servers_behind"])
 
     def _evaluate_only(self) -> None:
         """steps = 0 (the zero-shot arm): evaluate the starting policy once, as step 0, and publish it."""
@@ -230,7 +261,8 @@ class Learner(Service):
                 raise RuntimeError(f"{path} was journaled after engine update {entry.engine_updates}, its replay "
                                    f"reached {self.engine.updates}: the journal does not continue the checkpoint")
             self.pool.restore(entry.sampler)
-            self._publish(path, entry.trajectories, entry.evaluation, entry.record, published=entry.published)
+            self._publish(path, entry.trajectories, entry.evaluation, entry.record, published=entry.published,
+                          policy_update=entry.policy_update)
             self.done, version, self.pool_state = entry.step, entry.policy_version, entry.sampler
             self.m_replayed.inc()
             self.beat()
@@ -242,28 +274,29 @@ class Learner(Service):
     def step(self) -> None:
         """One GRPO step, journaled, published and checkpointed; stop after the last."""
         step = self.done + 1
-        blocked = self.pool.refresh(step)
-        self._report_unloadable()
         try:
-            result = self.runner.run(step, blocked)
+            result = self.runner.run(step)
         except EpisodesStopped as stopped:  # nothing of this step was journaled or published; a resume redoes it
             self.log.info("learner.step_abandoned", step=step, reason=str(stopped))
             return
         finally:
-            self._report_unloadable()  # tasks the step's draws dropped
+            self._report_unloadable()  # tasks the pool refused as they arrived, or the step's draws dropped
         record, evaluation = result.record, None
         if due(self.cfg, step):
             evaluation = evaluate(self.backend, self.backend_cfg, self.cfg, self.limits,
                                   self.sampling.max_new_tokens, self.run_id, step)
             record = record.evaluated(evaluation["success_rate"])
         started = time.perf_counter()
-        sampler = self.pool.state()
+        sampler = result.pool_state
         path = journal.write(self.cfg.workdir, journal.Entry(
             step, self.run_id, result.trained, result.batch, result.trajectories, evaluation, record,
-            self.backend.version, self.engine.updates, sampler))
-        record = self._publish(path, result.trajectories, evaluation, record, started=started)
+            self.backend.version, self.engine.updates, sampler, policy_update=result.policy_update))
+        record = self._publish(path, result.trajectories, evaluation, record, started=started,
+                               policy_update=result.policy_update)
         self.done, self.last, self.pool_state = step, dataclasses.replace(result, record=record), sampler
-        self.blocked += blocked
+        self.blocked += record.blocked_seconds
+        if result.policy_update is not None:
+            self._observe_push(result.policy_update)
         self._observe(record, evaluation)
         self.beat()
         if step % self.cfg.checkpoint_every == 0 or step >= self.cfg.steps:
@@ -272,8 +305,10 @@ class Learner(Service):
             self.stop()
 
     def _publish(self, path: Path, trajectories: list[dict[str, Any]], evaluation: dict[str, Any] | None,
-                 record: StepRecord, published: bool = False, started: float | None = None) -> StepRecord:
-        """Trajectories first, confirmed; then the evaluation and the step record, which is returned.
+                 record: StepRecord, published: bool = False, started: float | None = None,
+                 policy_update: dict[str, Any] | None = None) -> StepRecord:
+        """Trajectories first, confirmed; then the policy update, the evaluation and the step record, which
+        is returned.
 
         A step record not sent before gets its publish time (since `started`: the journal write
         counts) and is kept in the journal entry at `path` before it is sent, so a replay sends this
@@ -285,6 +320,8 @@ class Learner(Service):
         if not published:
             record = record.published(time.perf_counter() - started)
             journal.mark_published(path, record)
+        if policy_update is not None:
+            self.producer.send(POLICY.name, policy_update, key=self.run_id)
         if evaluation is not None:
             self.producer.send(EVALUATIONS.name, evaluation, key=self.run_id)
         self.producer.send(STEPS.name, record.to_event(), key=self.run_id)
@@ -296,7 +333,9 @@ class Learner(Service):
         from coevolve.services.kafka.consumer import dead_letter
 
         sent = False
-        for bad in self.pool.take_unloadable():
+        with self.runner.pool_lock if self.runner is not None else contextlib.nullcontext():
+            unloadable = self.pool.take_unloadable()
+        for bad in unloadable:
             self.m_unloadable.inc()
             self.log.warning("learner.task_unloadable", task_id=bad.task_id, reason=bad.reason,
                              dead_lettered=bad.origin is not None)
@@ -350,10 +389,14 @@ class Learner(Service):
             if self.engine is not None and self.done > self.checkpointed:
                 self._checkpoint()
         finally:
+            if self.runner is not None:
+                self.runner.close()
             if self.feed is not None:
                 self.feed.stop()
             for closable in (self.producer, self.backend):
                 if closable is not None:
                     closable.close()
+            if self.servers is not None:
+                self.servers.stop()
             self.log.info("learner.finished", run_id=self.run_id, step=self.done,
                           blocked_share=round(self.blocked_share, 6))

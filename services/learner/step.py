@@ -12,7 +12,8 @@ and the records the service publishes.
     trajectories, StepRecord                                   # publish: what the service sends
 
 Every rollout of the step (dropped flat groups included) becomes a `TrajectoryRecorded` record, and
-the step a `StepRecord` (the `StepCompleted` event); publishing them is the service's job, after the
+the step a `StepRecord` (the `StepCompleted` event), and the push a `PolicyUpdated` record; publishing
+them is the service's job, after the
 step is complete, so nothing of an abandoned step reaches the broker. The result also carries the
 exact batch the update trained on, which the service journals so that a resumed learner replays the
 update instead of re-running the step (journal.py). A drawn task whose episode cannot start is dropped
@@ -21,12 +22,24 @@ Rollout log-probs are those of the tempered sampling distribution (the backends 
 same quantity `grpo.token_logprobs` computes with `GRPOConfig.temperature`, which is also the rollout
 temperature: the ratio is 1 before an update. `scoring_seconds` covers rewards and advantages; the
 environment's own turn checks run inside the episodes and count as rollout time.
+
+Bounded staleness (`max_policy_lag` L >= 1). Once step s has its rollouts, the rollouts of steps
+s+1..s+L start in one background thread (`look_ahead`), in order, while s trains and pushes. Between
+the moment a step's rollouts start and the update that trains on them there are at most L updates
+(one per step), so no rollout is more than L versions behind: the bound is kept by how far generation
+runs ahead, and no group is dropped for being slow. A rollout from an older policy than that (a fleet
+server a failed transfer left behind) leaves its group out of the update (`stale_groups`), published
+all the same. The step's `rollout_seconds` is then the time it waited for its rollouts. Each job takes
+the pool's arrivals (`refresh`) and draws, under `pool_lock`; the pool's state before the next job's
+draws is what the step journals, so a resumed run redraws what a stop abandoned, and trains on nothing twice.
 """
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -95,6 +108,10 @@ class Rollouts:
     """The groups the update trains on (without dynamic sampling, all of them)."""
     resampled: int
     """Groups drawn again to replace flat ones (dynamic sampling)."""
+    times: PhaseTimes = field(default_factory=PhaseTimes)
+    """Rollout and scoring seconds of the job that made them."""
+    blocked: float = 0.0
+    """Seconds taking the pool's arrivals in before the draws."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +122,8 @@ class Update:
     """The engine's metrics of the update; empty when there was none."""
     trained: bool
     """Whether the update (and the push) happened: not when no advantage was non-zero."""
+    push: dict[str, Any] | None = None
+    """version, bytes, seconds, servers, servers_behind of the push; None without one."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +135,10 @@ class StepResult:
     update: Update
     batch: list[TrainSequence] = field(default_factory=list)
     """The sequences the update trained on; empty when the step did not train."""
+    pool_state: dict[str, Any] | None = None
+    """The pool as a resume continues from it: after this step's draws, before any later step's."""
+    policy_update: dict[str, Any] | None = None
+    """The `PolicyUpdated` record of the step's push; None without one."""
 
     @property
     def trained(self) -> bool:
@@ -124,6 +147,15 @@ class StepResult:
 
 def step_event_id(run_id: str, step: int) -> str:
     return str(uuid.uuid5(uuid.NAMESPACE_URL, f"coevolve:{run_id}:step:{step}"))
+
+
+def policy_event_id(run_id: str, version: int) -> str:
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"coevolve:{run_id}:policy:{version}"))
+
+
+def staleness(groups: Sequence[Group], version: int) -> list[int]:
+    """Per rollout, the versions between `version` (the policy being updated) and the one it came from."""
+    return [version - e.policy_version for g in groups for e in g.episodes]
 
 
 class StepRunner:
@@ -138,48 +170,103 @@ class StepRunner:
         self.reward = reward or reward_function(grpo.reward)
         self.times = PhaseTimes()
         self.should_stop: Callable[[], bool] | None = None  # the service's stop flag: abandon the rollouts
+        self.pool_lock = threading.RLock()
+        self._ahead: dict[int, Future] = {}
+        self._before: dict[int, dict[str, Any]] = {}  # step -> the pool's state before its draws
+        self._executor: ThreadPoolExecutor | None = None
 
-    def run(self, step: int, blocked_seconds: float = 0.0) -> StepResult:
-        """One whole step; `blocked_seconds` is what the pool's refresh before it took."""
+    def run(self, step: int) -> StepResult:
+        """One whole step (the pool's refresh before it included)."""
         started = time.perf_counter()
         self.times = PhaseTimes()
-        rollouts = self.gather()  # sample, roll out, score
+        rollouts = self.rollouts(step)  # sample, roll out, score: now, or taken from the look-ahead
+        self.look_ahead(step)
         with self.times.phase("scoring"):
-            batch = self.sequences(rollouts.kept)  # advantages, sequences
+            trainable, stale = self.within_lag(rollouts.kept)
+            batch = self.sequences(trainable)  # advantages, sequences
+        lags = staleness(trainable, self.backend.version)
         update = self.update_and_push(batch)  # update, push
         trajectories = self.trajectories(step, rollouts.groups)  # publish: what the service sends
-        record = self.record(step, rollouts, update, len(trajectories), started, blocked_seconds)
-        return StepResult(trajectories, record, update, batch if update.trained else [])
+        record = self.record(step, rollouts, trainable, update, len(trajectories), started, lags, stale)
+        with self.pool_lock:
+            pool_state = self._before.get(step + 1) or self.pool.state()
+            for done in [k for k in self._before if k <= step + 1]:
+                del self._before[done]
+        policy = self.policy_record(step, update)
+        return StepResult(trajectories, record, update, batch if update.trained else [], pool_state, policy)
 
-    def gather(self) -> Rollouts:
-        """Roll out B drawn tasks, scored; with dynamic sampling, redraw to replace the flat groups."""
-        groups = self.roll_out(self.pool.draw(self.cfg.batch_tasks))
+    def rollouts(self, step: int) -> Rollouts:
+        """The step's rollouts: those the look-ahead started, or rolled out now."""
+        ahead = self._ahead.pop(step, None)
+        if ahead is None:
+            rollouts = self.gather(step)
+            self.times.rollout, self.times.scoring = rollouts.times.rollout, rollouts.times.scoring
+            return rollouts
+        with self.times.phase("rollout"):  # what the step waited; the rest overlapped the previous steps
+            return ahead.result()
+
+    def look_ahead(self, step: int) -> None:
+        """Start the rollouts of steps step+1..step+L in the background (none when L = 0)."""
+        lag = self.grpo.max_policy_lag
+        if not lag:
+            return
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollouts-ahead")
+        for ahead in range(step + 1, step + lag + 1):
+            if ahead not in self._ahead:
+                self._ahead[ahead] = self._executor.submit(self.gather, ahead)
+
+    def close(self) -> None:
+        """Abandon the look-ahead: its rollouts were never trained on; a resume redraws them."""
+        for future in self._ahead.values():
+            future.cancel()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+        self._ahead.clear()
+
+    def gather(self, step: int) -> Rollouts:
+        """Take the pool's arrivals, roll out B drawn tasks, scored; with dynamic sampling, redraw to
+        replace the flat groups."""
+        times = PhaseTimes()
+        with self.pool_lock:
+            blocked = self.pool.refresh(step)
+            self._before[step] = self.pool.state()
+            drawn = self.pool.draw(self.cfg.batch_tasks)
+        groups = self.roll_out(drawn, times)
         if not self.cfg.dynamic_sampling:
-            return Rollouts(groups, groups, 0)
+            return Rollouts(groups, groups, 0, times, blocked)
         kept = [g for g in groups if not g.flat]
         resampled = 0
         for _ in range(self.cfg.max_resample):
             missing = self.cfg.batch_tasks - len(kept)
             if missing <= 0:
                 break
-            fresh = self.roll_out(self.pool.draw(missing))
+            with self.pool_lock:
+                redrawn = self.pool.draw(missing)
+            fresh = self.roll_out(redrawn, times)
             resampled += len(fresh)
             groups += fresh
             kept += [g for g in fresh if not g.flat]
-        return Rollouts(groups, kept[:self.cfg.batch_tasks], resampled)
+        return Rollouts(groups, kept[:self.cfg.batch_tasks], resampled, times, blocked)
 
-    def roll_out(self, drawn: Sequence[Drawn]) -> list[Group]:
+    def roll_out(self, drawn: Sequence[Drawn], times: PhaseTimes) -> list[Group]:
         """K rollouts of every drawn task in one batched run, scored."""
         k = self.cfg.group_size
         tasks = [d.task for d in drawn for _ in range(k)]
-        with self.times.phase("rollout"):
+        with times.phase("rollout"):
             episodes = run_episodes(tasks, self.env, self.backend, self.sampling, self.limits,
                                     max_in_flight=self.cfg.in_flight, should_stop=self.should_stop)
         groups = [Group(d, episodes[i * k:(i + 1) * k]) for i, d in enumerate(drawn)]
-        with self.times.phase("scoring"):
+        with times.phase("scoring"):
             for group in groups:
                 group.rewards = [self.reward(e) for e in group.episodes]
         return groups
+
+    def within_lag(self, groups: Sequence[Group]) -> tuple[list[Group], int]:
+        """The groups whose every rollout is at most `max_policy_lag` versions old, and how many were not."""
+        version, lag = self.backend.version, self.grpo.max_policy_lag
+        fresh = [g for g in groups if all(version - e.policy_version <= lag for e in g.episodes)]
+        return fresh, len(groups) - len(fresh)
 
     def sequences(self, groups: Sequence[Group]) -> list[TrainSequence]:
         """One TrainSequence per rollout, with its group-relative advantage."""
@@ -197,9 +284,30 @@ class StepRunner:
             return Update({}, False)
         with self.times.phase("training"):
             metrics = self.engine.update(batch)
+        sent = [0]
+
+        def counted() -> Iterator[tuple[str, Any]]:
+            for name, tensor in self.engine.named_parameters():
+                sent[0] += tensor.numel() * tensor.element_size()
+                yield name, tensor
+
+        started = time.perf_counter()
         with self.times.phase("push"):
-            self.backend.update_weights(self.engine.named_parameters(), version=self.backend.version + 1)
-        return Update(metrics, True)
+            version = self.backend.update_weights(counted(), version=self.backend.version + 1)
+        push = {"version": version, "bytes": sent[0], "seconds": time.perf_counter() - started, "servers": 1,
+                "servers_behind": 0}
+        push.update(getattr(self.backend, "last_update", None) or {})  # a fleet reports its own transfer
+        return Update(metrics, True, push)
+
+    def policy_record(self, step: int, update: Update) -> dict[str, Any] | None:
+        """The `PolicyUpdated` record of the step's push."""
+        if update.push is None:
+            return None
+        push = update.push
+        return {"event_id": policy_event_id(self.run_id, int(push["version"])), "run_id": self.run_id,
+                "step": step, "version": int(push["version"]), "backend": self.backend.name,
+                "bytes": int(push["bytes"]), "seconds": float(push["seconds"]), "servers": int(push["servers"]),
+                "servers_behind": int(push["servers_behind"]), "produced_at": int(time.time() * 1000)}
 
     def trajectories(self, step: int, groups: Sequence[Group]) -> list[dict[str, Any]]:
         """Every rollout as a TrajectoryRecorded record; a task drawn twice keeps distinct rollout indices."""
@@ -214,22 +322,26 @@ class StepRunner:
                                                        task_source=group.drawn.source))
         return out
 
-    def record(self, step: int, rollouts: Rollouts, update: Update, trajectory_count: int, started: float,
-               blocked_seconds: float) -> StepRecord:
-        """The step's record, before its evaluation and publishing (`started`: the step's perf_counter start)."""
+    def record(self, step: int, rollouts: Rollouts, trainable: Sequence[Group], update: Update,
+               trajectory_count: int, started: float, lags: Sequence[int] = (), stale: int = 0) -> StepRecord:
+        """The step's record, before its evaluation and publishing (`started`: the step's perf_counter
+        start; `trainable`: the groups within the lag bound, `lags` their rollouts' staleness)."""
+        lags = lags if update.trained else []
         rewards = [r for g in rollouts.groups for r in g.rewards]
-        synthesized = [g for g in rollouts.kept if g.drawn.source == "synthesized" and not g.flat] \
+        synthesized = [g for g in trainable if g.drawn.source == "synthesized" and not g.flat] \
             if update.trained else []
         return StepRecord(
             event_id=step_event_id(self.run_id, step), run_id=self.run_id, step=step,
             trajectory_count=trajectory_count, policy_version=self.backend.version,
             train_reward=sum(rewards) / len(rewards), eval_score=None, loss=update.metrics.get("loss"),
-            duration_seconds=time.perf_counter() - started + blocked_seconds,
+            duration_seconds=time.perf_counter() - started,
             pool_size=self.pool.size, pool_synthesized=len(self.pool.synthesized),
             zero_variance_groups=sum(g.flat for g in rollouts.groups), resampled_groups=rollouts.resampled,
             tokens_trained=int(update.metrics.get("loss_tokens", 0)) if update.trained else 0,
             synthesized_trained=sum(len(g.episodes) for g in synthesized),
             synthesized_tasks_trained=len({g.drawn.task.task_id for g in synthesized}),
+            staleness_max=max(lags) if lags else None, staleness_mean=sum(lags) / len(lags) if lags else None,
+            stale_groups=stale,
             rollout_seconds=self.times.rollout, scoring_seconds=self.times.scoring,
             training_seconds=self.times.training, push_seconds=self.times.push, publish_seconds=None,
-            blocked_seconds=blocked_seconds, produced_at=int(time.time() * 1000))
+            blocked_seconds=rollouts.blocked, produced_at=int(time.time() * 1000))

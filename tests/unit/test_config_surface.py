@@ -124,8 +124,8 @@ def test_each_environment_key_sets_its_one_field_or_is_refused_naming_it(service
 
 
 def test_the_learner_refuses_the_openai_backends_settings_by_name():
-    with pytest.raises(ConfigError, match=r"learner.base_url is not read: the learner trains its rollout policy "
-                                          r"in-process"):
+    with pytest.raises(ConfigError, match=r"learner.base_url is not read: the learner updates its own rollout "
+                                          r"policy"):
         make_plan("smoke", ["learner.base_url=http://127.0.0.1:8000/v1"])
     with pytest.raises(ConfigError, match=r"learner.max_retries \(LEARNER_MAX_RETRIES\) is not read"):
         assemble(SURFACES["learner"], "learner", environ={"LEARNER_MAX_RETRIES": "2"})

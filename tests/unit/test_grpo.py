@@ -147,3 +147,47 @@ def test_logprobs_from_kept_positions_equal_the_full_ones_where_the_mask_is_one(
     assert kept[:, [0, 1, 5]].abs().sum() == 0
     empty = grpo.kept_positions(torch.zeros(2, 6))
     assert grpo.kept_logprobs(logits[:, empty], tokens, empty).abs().sum() == 0
+
+
+def test_the_decoupled_loss_with_the_proximal_policy_as_behaviour_is_the_clipped_loss_exactly():
+    torch.manual_seed(0)
+    logp = torch.randn(3, 6, requires_grad=True)
+    old = torch.randn(3, 6)
+    adv, mask = torch.tensor([1.0, -0.5, 2.0]), (torch.rand(3, 6) > 0.3).float()
+    today, clipped_today = grpo.clipped_pg_loss(logp, old, adv, mask, 0.2, 0.28)
+    decoupled, clipped, weight = grpo.decoupled_pg_loss(logp, old, old, adv, mask, 0.2, 0.28, cap=2.0)
+    assert torch.equal(decoupled, today) and torch.equal(clipped, clipped_today)
+    assert torch.equal(weight, torch.ones_like(weight))
+    (g_today,) = torch.autograd.grad(today.sum(), logp)
+    (g_decoupled,) = torch.autograd.grad(decoupled.sum(), logp)
+    assert torch.equal(g_today, g_decoupled)
+
+
+def test_the_decoupled_loss_weights_by_the_truncated_behaviour_ratio_by_hand():
+    log = math.log
+    # token 1: prox/behav = 0.4/0.1 = 4, truncated to 2; ratio 0.5/0.4 = 1.25 (inside the clip) -> 2 * -1.25
+    # token 2: prox/behav = 1; ratio 0.22/0.25 = 0.88 -> -0.88
+    # row 2, A = -1, token 1: prox/behav = 0.3/0.6 = 0.5; ratio 0.45/0.3 = 1.5 -> max(1.5, 1.28) = 1.5, * 0.5 = 0.75
+    logp = torch.tensor([[0.0, log(0.5), log(0.22)], [0.0, log(0.45), 0.0]], requires_grad=True)
+    prox = torch.tensor([[0.0, log(0.4), log(0.25)], [0.0, log(0.3), 0.0]])
+    behav = torch.tensor([[0.0, log(0.1), log(0.25)], [0.0, log(0.6), 0.0]])
+    mask = torch.tensor([[0.0, 1.0, 1.0], [0.0, 1.0, 0.0]])
+    loss, clipped, weight = grpo.decoupled_pg_loss(logp, prox, behav, torch.tensor([1.0, -1.0]), mask,
+                                                   0.2, 0.28, cap=2.0)
+    expected = torch.tensor([[0.0, -2.5, -0.88], [0.0, 0.75, 0.0]])
+    assert torch.allclose(loss, expected, atol=1e-6)
+    assert torch.allclose(weight, torch.tensor([[1.0, 2.0, 1.0], [1.0, 0.5, 1.0]]), atol=1e-6)
+    assert clipped.tolist() == [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
+    # d/dlogp of w * -A * ratio is w * -A * ratio itself: the same numbers
+    (grad,) = torch.autograd.grad(loss.sum(), logp)
+    assert torch.allclose(grad, expected, atol=1e-6)
+
+
+def test_a_clipped_token_gets_no_gradient_and_the_weight_none():
+    # A = 1, ratio 1.5 beyond 1 + 0.28: the clipped branch is constant, whatever the weight
+    logp = torch.tensor([[0.0, math.log(0.6)]], requires_grad=True)
+    prox = behav = torch.tensor([[0.0, math.log(0.4)]])
+    loss, clipped, _ = grpo.decoupled_pg_loss(logp, prox, behav * 2, torch.tensor([1.0]), torch.tensor([[0.0, 1.0]]))
+    assert clipped.tolist() == [[0.0, 1.0]]
+    (grad,) = torch.autograd.grad(loss.sum(), logp)
+    assert grad.abs().sum() == 0

@@ -83,7 +83,7 @@ def test_a_dangling_latest_pointer_is_a_clear_error(tmp_path):
 
 
 def test_the_learner_refuses_an_http_backend(tmp_path):
-    with pytest.raises(ConfigError, match="vllm or transformers"):
+    with pytest.raises(ConfigError, match="vllm, transformers or vllm-server"):
         Learner(LearnerSettings(LearnerConfig(workdir=tmp_path),
                                 backend=BackendConfig(backend="openai", base_url="http://127.0.0.1:1/v1")))
 

@@ -7,7 +7,7 @@ import pytest
 
 from coevolve.services.agent.config import BackendConfig
 from coevolve.services.envs.bfcl_data import load_tasks
-from coevolve.services.kafka.topics import EVALUATIONS, STEPS, TRAJECTORIES
+from coevolve.services.kafka.topics import EVALUATIONS, POLICY, STEPS, TRAJECTORIES
 from coevolve.services.learner import journal
 from coevolve.services.learner.batch import TrainSequence
 from coevolve.services.learner.config import LearnerConfig, LearnerSettings, SamplerConfig
@@ -30,13 +30,15 @@ def entry(step: int, run_id: str = "run-j", trained: bool = True, published: boo
         event_id=f"s-{step}", run_id=run_id, step=step, trajectory_count=2, policy_version=step, train_reward=1 / 6,
         eval_score=0.5 if step == 2 else None, loss=0.125 * step if trained else None, duration_seconds=1.5,
         pool_size=3, pool_synthesized=0, zero_variance_groups=0, resampled_groups=0, tokens_trained=3 if trained else 0,
-        synthesized_trained=0, synthesized_tasks_trained=0, rollout_seconds=1.0, scoring_seconds=0.1,
+        synthesized_trained=0, synthesized_tasks_trained=0, staleness_max=1 if trained else None,
+        staleness_mean=0.5 if trained else None, stale_groups=0, rollout_seconds=1.0, scoring_seconds=0.1,
         training_seconds=0.3 if trained else 0.0, push_seconds=0.1 if trained else 0.0, publish_seconds=None,
         blocked_seconds=1e-6, produced_at=1_700_000_000_000 + step)
     return journal.Entry(step=step, run_id=run_id, trained=trained, batch=batch, trajectories=trajectories,
                          evaluation={"event_id": f"e-{step}", "success_rate": 0.5} if step == 2 else None,
                          record=record, policy_version=step, engine_updates=step, sampler=FRESH_POOL,
-                         published=published)
+                         published=published,
+                         policy_update={"event_id": f"p-{step}", "version": step} if trained else None)
 
 
 def test_an_entry_reads_back_exactly(tmp_path):
@@ -143,13 +145,15 @@ def test_a_resume_replays_each_journaled_step_and_sends_its_records_again(tmp_pa
     assert service.engine.batches == [entry(1).batch, entry(2).batch]
     assert service.pool.state() == after_two == service.pool_state
     topics = [topic for topic, _ in service.producer.sent]
-    assert topics == [TRAJECTORIES.name] * 2 + [STEPS.name] + [TRAJECTORIES.name] * 2 + [EVALUATIONS.name, STEPS.name]
+    assert topics == [TRAJECTORIES.name] * 2 + [POLICY.name, STEPS.name] + [TRAJECTORIES.name] * 2 + [
+        POLICY.name, EVALUATIONS.name, STEPS.name]
     records = [r for _, r in service.producer.sent]
-    assert records[:2] == entry(1).trajectories and records[2] == sent_one.to_event()
-    assert records[5] == entry(2).evaluation
-    assert records[6]["publish_seconds"] > 0
-    assert journal.read(tmp_path / "journal" / "step-000002").record.to_event() == records[6]
-    assert records[6]["duration_seconds"] == 1.5 + records[6]["publish_seconds"]
+    assert records[:2] == entry(1).trajectories and records[3] == sent_one.to_event()
+    assert records[2] == entry(1).policy_update and records[6] == entry(2).policy_update
+    assert records[7] == entry(2).evaluation
+    assert records[8]["publish_seconds"] > 0
+    assert journal.read(tmp_path / "journal" / "step-000002").record.to_event() == records[8]
+    assert records[8]["duration_seconds"] == 1.5 + records[8]["publish_seconds"]
     replayed = [r.fields for r in caplog.records if r.getMessage() == "learner.step_replayed"]
     assert [(f["step"], f["loss"], f["journaled_loss"]) for f in replayed] == [(1, 0.125, 0.125), (2, 0.25, 0.25)]
 

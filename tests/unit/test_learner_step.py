@@ -50,16 +50,19 @@ def runner(tokenizer, answers, **cfg):
 
 def test_a_step_rolls_out_b_times_k_scores_trains_pushes_and_records(tokenizer):
     steps, engine = runner(tokenizer, ["yes", "no", "no"])
-    result = steps.run(1, blocked_seconds=0.01)
+    result = steps.run(1)
     rec = result.record
     assert len(result.trajectories) == rec.trajectory_count == 6
     assert rec.train_reward == pytest.approx(2 / 6) and rec.zero_variance_groups == 0
     assert rec.policy_version == 1 == steps.backend.version and result.trained
     assert [s.advantage > 0 for s in engine.batches[0]] == [True, False, False] * 2
     assert rec.tokens_trained == sum(s.loss_tokens for s in engine.batches[0]) > 0 and result.batch == engine.batches[0]
-    assert rec.event_id == step_event_id("run-t", 1) and rec.blocked_seconds == 0.01
+    assert rec.event_id == step_event_id("run-t", 1) and rec.blocked_seconds >= 0
+    assert (rec.staleness_max, rec.staleness_mean, rec.stale_groups) == (0, 0.0, 0)
+    assert result.policy_update["version"] == 1 and result.policy_update["step"] == 1
     assert all(getattr(rec, f"{p}_seconds") >= 0 for p in ("rollout", "scoring", "training", "push"))
-    assert rec.publish_seconds is None and rec.eval_score is None and rec.duration_seconds >= 0.01
+    assert rec.publish_seconds is None and rec.eval_score is None
+    assert rec.duration_seconds >= rec.rollout_seconds + rec.training_seconds
     for i, traj in enumerate(result.trajectories):
         assert traj["rollout_index"] == i % 3 and traj["group_size"] == 3 and traj["policy_version"] == 0
         assert traj["task_source"] == "seed" and traj["step"] == 1
@@ -67,6 +70,7 @@ def test_a_step_rolls_out_b_times_k_scores_trains_pushes_and_records(tokenizer):
     registry = default_registry()
     registry.encode("StepCompleted", rec.published(0.0).to_event())
     registry.encode("TrajectoryRecorded", result.trajectories[0])
+    registry.encode("PolicyUpdated", result.policy_update)
 
 
 def test_the_step_record_is_the_step_completed_event_field_for_field():
