@@ -118,6 +118,7 @@ def build(tally: Tally, plan_info: dict[str, Any], phases: dict[str, float], th:
         "loop_silent": unclosed_reason(tally),
         "train_reward": {s["step"]: s.get("train_reward") for s in steps},
         "loss": {s["step"]: s.get("loss") for s in steps},
+        "policy_lag": tally.policy_lag, "weight_updates": tally.weight_updates,
         "evaluations": tally.evaluations, "dead_letters": dict(tally.deadletters),
         "learner_seconds": {**{k: round(v, 3) for k, v in stage_seconds.items()}, "steps": round(busy, 3)},
         "blocked_share": stage_seconds["blocked"] / busy if busy else None,

@@ -34,6 +34,8 @@ class Tally:
     actions: int = 0
     trajectories: int = 0
     other_runs: Counter = field(default_factory=Counter)
+    policy_updates: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """Per policy version, its PolicyUpdated event (bytes, seconds, servers)."""
 
     def add(self, name: str, event: dict[str, Any]) -> bool:
         """Count one event; False when it was seen already or belongs to another run."""
@@ -74,6 +76,10 @@ class Tally:
         self.evaluations.append({k: e.get(k) for k in ("step", "split", "task_count", "success_rate", "mean_score",
                                                        "policy_version", "duration_seconds")})
 
+    def _on_PolicyUpdated(self, e: dict) -> None:  # noqa: N802
+        self.policy_updates[int(e["version"])] = {k: e.get(k) for k in ("step", "bytes", "seconds", "servers",
+                                                                         "servers_behind")}
+
     def _on_DeadLettered(self, e: dict) -> None:  # noqa: N802
         self.deadletters[f"{e.get('service')}: {e.get('error_type')}"] += 1
 
@@ -94,6 +100,27 @@ class Tally:
     def first_synthesized_step(self) -> int | None:
         """The first step whose update trained on a synthesized task: where the loop closed."""
         return min((k for k, s in self.steps.items() if s.get("synthesized_trained")), default=None)
+
+    @property
+    def policy_lag(self) -> dict[str, float | None]:
+        """How far behind the policy being updated the rollouts trained on were, in versions: the largest
+        lag of any step, the mean of the steps' mean lags, and the groups left out for exceeding the bound."""
+        lags = [s for s in self.steps.values() if s.get("staleness_max") is not None]
+        return {"max": max((s["staleness_max"] for s in lags), default=None),
+                "mean": sum(s["staleness_mean"] for s in lags) / len(lags) if lags else None,
+                "stale_groups": sum(s.get("stale_groups") or 0 for s in self.steps.values())}
+
+    @property
+    def weight_updates(self) -> dict[str, Any]:
+        """How many pushes the rollout engine took, and their median seconds and bytes."""
+        seconds = sorted(u["seconds"] for u in self.policy_updates.values())
+        middle = len(seconds) // 2
+        median = None if not seconds else seconds[middle] if len(seconds) % 2 else \
+            (seconds[middle - 1] + seconds[middle]) / 2
+        return {"count": len(seconds), "median_seconds": median,
+                "bytes": max((u["bytes"] for u in self.policy_updates.values()), default=None),
+                "servers_behind": max((u["servers_behind"] or 0 for u in self.policy_updates.values()),
+                                      default=0)}
 
     def synthesized_line(self, step: int) -> str | None:
         """The terminal's note that a step trained on tasks the loop made, or None."""

@@ -57,13 +57,13 @@ def letters(episode) -> float:
     return sum(t in LETTERS for t in generated) / max(len(generated), 1)
 
 
-def setup(model_dir: str, temperature: float, lr: float = 1e-2):
+def setup(model_dir: str, temperature: float, lr: float = 1e-2, lag: int = 0):
     backend = make_backend(BackendConfig(model=model_dir, backend="transformers", dtype="float32", seed=0,
                                          batch_size=64))
     from transformers import AutoModelForCausalLM
 
     policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    grpo = GRPOConfig(lr=lr, temperature=temperature, micro_batch_size=32)
+    grpo = GRPOConfig(lr=lr, temperature=temperature, micro_batch_size=32, max_policy_lag=lag)
     engine = build_engine(policy, grpo, backend.tokenizer.pad_token_id or 0)
     sampling = SamplingConfig(temperature=temperature, top_p=1.0, max_new_tokens=NEW, seed=0)
     cfg = LearnerConfig(batch_tasks=4, group_size=8)
@@ -80,7 +80,7 @@ def measure(runner, n: int = 256) -> float:
 
 def test_rollout_log_probs_match_the_policy_before_the_first_update(model_dir):
     runner = setup(model_dir, temperature=0.7)
-    batch = runner.sequences(runner.gather().kept)
+    batch = runner.sequences(runner.gather(1).kept)
     assert sum(s.loss_tokens for s in batch) > 4 * 8  # at least one token per rollout, most have 8
     mismatched = build_engine(runner.engine.model, GRPOConfig(lr=1e-9, temperature=1.0))
     assert mismatched.update(batch)["abs_log_ratio"] > 0.05
@@ -88,14 +88,22 @@ def test_rollout_log_probs_match_the_policy_before_the_first_update(model_dir):
     assert metrics["abs_log_ratio"] < 1e-3 and metrics["clip_fraction"] == 0.0
 
 
-def test_real_learner_steps_raise_the_toy_reward_well_beyond_chance(model_dir):
-    runner = setup(model_dir, temperature=1.0)
+@pytest.mark.parametrize("lag", [0, 1])
+def test_real_learner_steps_raise_the_toy_reward_well_beyond_chance(model_dir, lag):
+    """With lag 1 the rollouts of step s+1 are sampled while step s trains (the decoupled loss corrects
+    for it); every trajectory trained on is at most one version behind."""
+    runner = setup(model_dir, temperature=1.0, lag=lag)
     before = measure(runner)
-    rewards = []
-    for step in range(1, 11):
-        result = runner.run(step)
-        assert result.trained and result.record.policy_version == step == runner.backend.version
-        rewards.append(result.record.train_reward)
+    rewards, lags = [], []
+    try:
+        for step in range(1, 11):
+            result = runner.run(step)
+            assert result.trained and result.record.policy_version == step == runner.backend.version
+            rewards.append(result.record.train_reward)
+            lags.append(result.record.staleness_max)
+    finally:
+        runner.close()
     after = measure(runner)
     assert before < 0.2, before
     assert after >= before + 0.4, (before, after, rewards)
+    assert max(lags) <= lag and (lag == 0 or max(lags) == 1), lags

@@ -111,3 +111,24 @@ def test_a_run_of_zero_steps_says_it_only_evaluated():
     tally.add("EvaluationCompleted", {"event_id": "e0", "run_id": "r1", "step": 0, "success_rate": 0.0})
     assert untrained_reason(tally) == ("no training step: run.steps = 0 evaluates the starting policy only "
                                        "(the zero-shot arm)")
+
+
+def test_the_summary_gives_the_policy_lag_and_the_weight_updates():
+    tally = Tally(run_id="r1")
+    for step, (lag_max, lag_mean, stale) in enumerate([(0, 0.0, 0), (1, 0.75, 0), (1, 0.5, 1)], start=1):
+        tally.add("StepCompleted", {"event_id": f"st{step}", "run_id": "r1", "step": step, "trajectory_count": 8,
+                                    "staleness_max": lag_max, "staleness_mean": lag_mean, "stale_groups": stale})
+    tally.add("StepCompleted", {"event_id": "st4", "run_id": "r1", "step": 4, "trajectory_count": 8})  # no update
+    for version, seconds in ((1, 2.0), (2, 4.0), (3, 9.0), (3, 9.0)):  # the last a redelivery
+        tally.add("PolicyUpdated", {"event_id": f"p{version}", "run_id": "r1", "step": version, "version": version,
+                                    "bytes": 540_000_000, "seconds": seconds, "servers": 2, "servers_behind": 0})
+    doc = build(tally, {"run_id": "r1", "rollout": "vllm-server"}, {}, thresholds({}), "completed")
+    assert doc["rollout"] == "vllm-server"
+    assert doc["policy_lag"] == {"max": 1, "mean": pytest.approx(1.25 / 3), "stale_groups": 1}
+    assert doc["weight_updates"] == {"count": 3, "median_seconds": 4.0, "bytes": 540_000_000, "servers_behind": 0}
+
+
+def test_a_run_without_updates_has_no_lag_and_no_weight_updates():
+    doc = build(Tally(run_id="r1"), {"run_id": "r1"}, {}, thresholds({}), "completed")
+    assert doc["policy_lag"] == {"max": None, "mean": None, "stale_groups": 0}
+    assert doc["weight_updates"]["count"] == 0 and doc["weight_updates"]["median_seconds"] is None
