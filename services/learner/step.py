@@ -212,7 +212,7 @@ class StepRunner:
             return
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollouts-ahead")
-        for ahead in range(step + 1, step + lag + 1):
+        for ahead in range(step + 1, min(step + lag, self.cfg.steps) + 1):
             if ahead not in self._ahead:
                 self._ahead[ahead] = self._executor.submit(self.gather, ahead)
 

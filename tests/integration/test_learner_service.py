@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from coevolve.services.envs.bfcl_data import load_tasks
 from coevolve.services.envs.config import SeedPoolConfig
 from coevolve.services.kafka.consumer import EventConsumer
 from coevolve.services.kafka.producer import EventProducer
-from coevolve.services.kafka.topics import EVALUATIONS, STEPS, TASKS, TRAJECTORIES
+from coevolve.services.kafka.topics import EVALUATIONS, POLICY, STEPS, TASKS, TRAJECTORIES
 from coevolve.services.learner.checkpoint import latest_checkpoint
 from coevolve.services.learner.config import GRPOConfig, LearnerConfig, LearnerSettings
 from coevolve.services.learner.service import Learner
@@ -97,9 +98,12 @@ def test_steps_publish_their_rollouts_and_tasks_join_and_leave_between_steps(boo
     assert latest_checkpoint(tmp_path).step == 3
 
 
-def test_sigterm_after_step_one_then_resume_continues_at_step_two(bootstrap, tmp_path):
+@pytest.mark.parametrize("lag", [0, 1])
+def test_sigterm_after_step_one_then_resume_continues_at_step_two(bootstrap, tmp_path, lag):
+    """With lag 1 a stop abandons the look-ahead's rollouts: each step is published and trained on once."""
     env = {**os.environ, "LEARNER_BATCH_TASKS": str(B), "LEARNER_GROUP_SIZE": str(K), "LEARNER_SEED_TASKS": "3",
-           "LEARNER_MAX_USER_TURNS": "1", "LEARNER_MAX_CONTEXT_TOKENS": "8000", "LEARNER_DTYPE": "float32"}
+           "LEARNER_MAX_USER_TURNS": "1", "LEARNER_MAX_CONTEXT_TOKENS": "8000", "LEARNER_DTYPE": "float32",
+           "LEARNER_MAX_POLICY_LAG": str(lag)}
     args = [str(Path(sys.executable).with_name("coevolve")), "learner", "--bootstrap", bootstrap, "--workdir",
             str(tmp_path), "--model", "tiny-random", "--backend", "transformers", "--max-new-tokens", "8"]
     child = subprocess.Popen(args + ["--steps", "50", "--run-id", "run-sig"], env=env, stdout=subprocess.PIPE,
@@ -124,6 +128,12 @@ def test_sigterm_after_step_one_then_resume_continues_at_step_two(bootstrap, tmp
     assert [s["step"] for s in steps] == list(range(1, target + 1))
     assert {s["run_id"] for s in steps} == {"run-sig"}
     assert latest_checkpoint(tmp_path).step == target
+    trajectories = {t["event_id"]: t for t in read(bootstrap, [TRAJECTORIES.name])}.values()
+    per_step = Counter(t["step"] for t in trajectories)
+    assert per_step == {s: B * K for s in range(1, target + 1)}
+    assert all(s["staleness_max"] is None or s["staleness_max"] <= lag for s in steps)
+    updates = {u["event_id"]: u for u in read(bootstrap, [POLICY.name])}.values()
+    assert sorted(u["version"] for u in updates) == list(range(1, steps[-1]["policy_version"] + 1))
 
 
 def test_resume_without_a_checkpoint_starts_fresh_and_a_finished_run_stops_at_once(bootstrap, tmp_path):
