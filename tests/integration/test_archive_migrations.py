@@ -41,7 +41,7 @@ def test_migrations_apply_once_and_record_versions(tmp_path):
         for statement in MIGRATIONS[-1][2]:  # as after a crash before the version was recorded: harmless
             client.command(statement.format(db="coevolve"))
         versions = client.query("SELECT version FROM coevolve.schema_migrations FINAL ORDER BY version").result_rows
-        assert [v for (v,) in versions] == [v for v, _, _ in MIGRATIONS] == [1, 2, 3]
+        assert [v for (v,) in versions] == [v for v, _, _ in MIGRATIONS] == [1, 2, 3, 4]
         tables = {r[0] for r in client.query("SHOW TABLES FROM coevolve").result_rows}
         assert set(COLUMNS) | {"schema_migrations"} <= tables
         for table, columns in COLUMNS.items():
@@ -64,14 +64,14 @@ def test_an_archive_of_version_1_upgrades_and_keeps_its_rows(tmp_path):
     finally:
         client.close()
 
-    client = connect(url)  # what an archiver of this version does at start-up: apply versions 2 and 3
+    client = connect(url)  # what an archiver of this version does at start-up: apply versions 2 to 4
     try:
         versions = [v for (v,) in client.query("SELECT version FROM coevolve.schema_migrations FINAL "
                                                "ORDER BY version").result_rows]
-        assert versions == [1, 2, 3]
+        assert versions == [1, 2, 3, 4]
         step = client.query("SELECT event_id, train_reward, duration_seconds, pool_size, tokens_trained, synthesized_trained, "
-                            "blocked_seconds FROM coevolve.steps FINAL").result_rows
-        assert step == [("s-old", 0.25, 30.0, None, None, None, None)]  # old row kept, new fields null
+                            "staleness_max, blocked_seconds FROM coevolve.steps FINAL").result_rows
+        assert step == [("s-old", 0.25, 30.0, None, None, None, None, None)]  # old row kept, new fields null
         assert client.query("SELECT event_id, model, strategy, signal_ids FROM coevolve.explorations FINAL"
                             ).result_rows == [("x-old", "m", "signal-guided", [])]  # the Avro defaults
         assert client.query("SELECT event_id, reason, stage, stages, seed_task_id FROM coevolve.tasks FINAL"
@@ -79,7 +79,7 @@ def test_an_archive_of_version_1_upgrades_and_keeps_its_rows(tmp_path):
         assert client.query("SELECT count() FROM coevolve.evaluations").result_rows == [(0,)]
 
         events = sample_events()  # events of the new version land beside the old rows
-        for name in ("StepCompleted", "ExplorationRecorded", "TaskChecked", "EvaluationCompleted"):
+        for name in ("StepCompleted", "ExplorationRecorded", "TaskChecked", "EvaluationCompleted", "PolicyUpdated"):
             for table, rows in rows_for(name, events[name], 0, 1).items():
                 client.insert(f"coevolve.{table}", rows, column_names=COLUMNS[table])
         redelivered = {**events["StepCompleted"], "event_id": "s-old", "run_id": "run-old", "step": 1}
@@ -93,6 +93,9 @@ def test_an_archive_of_version_1_upgrades_and_keeps_its_rows(tmp_path):
                                 {"stage": "executable", "passed": False, "reason": "reference call failed"}])]
         assert client.query("SELECT step, success_rate, scores FROM coevolve.evaluations FINAL").result_rows \
             == [(3, 0.5, [1.0, 0.5])]
+        assert client.query("SELECT version, backend, servers, staleness FROM (SELECT version, backend, servers, "
+                            "(SELECT staleness_max FROM coevolve.steps FINAL WHERE event_id != 's-old') AS staleness "
+                            "FROM coevolve.policy_updates FINAL)").result_rows == [(3, "vllm-server", 2, 1)]
     finally:
         client.close()
 
