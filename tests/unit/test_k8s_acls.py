@@ -5,8 +5,8 @@ import os
 import pytest
 
 from coevolve.services.kafka.security import KafkaSecurity
-from coevolve.services.kafka.topics import (CATALOG, DEADLETTER, EVALUATIONS, EXPLORATIONS, SIGNALS, STEPS, TASKS,
-                                            TRAJECTORIES)
+from coevolve.services.kafka.topics import (CATALOG, DEADLETTER, EVALUATIONS, EXPLORATIONS, POLICY, SIGNALS, STEPS,
+                                            TASKS, TRAJECTORIES)
 from coevolve.services.runtime.config import load
 from tests.kustomize import (KAFKA_USER_STANDIN, KUBECTL, coevolve_argv, command_of, container_env, containers,
                              find, loaded_configs, render, with_mounted_files)
@@ -16,7 +16,7 @@ PRODUCTION = "k8s/overlays/production"
 CLUSTER_CA = ("coevolve-cluster-ca-cert", "ca.crt")  # Strimzi's Secret of the cluster CA, and its key
 # What each client writes, by design (docs/deploy.md, "Kafka users and ACLs"); what it reads and its
 # group are read off its config below.
-WRITES = {"learner": {TRAJECTORIES.name, STEPS.name, EVALUATIONS.name},
+WRITES = {"learner": {TRAJECTORIES.name, STEPS.name, EVALUATIONS.name, POLICY.name},
           "streams-worker": {SIGNALS.name, DEADLETTER.name},
           "explorer": {EXPLORATIONS.name, DEADLETTER.name},
           "validator": {TASKS.name, DEADLETTER.name},
