@@ -14,7 +14,9 @@ starts, so a server launched with `--weight-transfer-config '{"backend": "gloo"}
 from __future__ import annotations
 
 import datetime
+import gc
 import threading
+import traceback
 from concurrent.futures import FIRST_EXCEPTION, Future, wait
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, Iterable, Iterator, Self
@@ -256,8 +258,9 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
     def send_weights(self, weight_version: str | None = None, source: WeightSource | None = None) -> None:
         """One round: start, broadcast while the server receives, finish with `weight_version`.
 
-        On any failure the group is dropped, so a server blocked in a broadcast fails at once; the engine
-        must then be initialized again.
+        On any failure the group is destroyed, so a server blocked in a broadcast fails at once (gloo
+        closes its connections only then: `abort` and `shutdown` leave the peer waiting for its timeout);
+        the engine must then be initialized again.
         """
         source = source or self.source
         if source is None:
@@ -277,8 +280,11 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
             received = _background(self.client.update_weights, asdict(info))
             self._broadcast(source, info, received)
             received.result()
-        except BaseException:
+        except BaseException as exc:
             self.shutdown()
+            # A gloo group closes its connections only when destroyed: drop the traceback's references too.
+            traceback.clear_frames(exc.__traceback__)
+            gc.collect()
             raise
         self.client.finish_weight_update(weight_version)
 
