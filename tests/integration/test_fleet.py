@@ -22,8 +22,8 @@ from tests.agent_engines import TINY_RANDOM, backend_config, model_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
-TOLERANCE = 1e-3
-"""Largest |server - learner| log-prob allowed after an update (float32 on both sides)."""
+TOLERANCE = 1e-4
+"""Largest |server - learner| log-prob allowed after an update (float32 on both sides; 3e-6 measured)."""
 GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=8)
 
 
