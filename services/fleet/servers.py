@@ -2,12 +2,15 @@
 
 Each server runs with the RL dev routes on (`VLLM_SERVER_DEV_MODE=1`), the `gloo` weight-transfer
 engine (registered by this package's vLLM plugin), processed log-probs (after temperature, as the
-learner computes them) and whitespace-free structured output (see `agent/vllm_quirks.py`).
+learner computes them) and whitespace-free structured output (see `agent/vllm_quirks.py`). Each runs
+in a session of its own, so that stopping it also ends its engine-core and worker processes: they
+outlive an API server that is killed alone, holding their memory.
 """
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -75,7 +78,7 @@ class LocalServers:
                 self._files.append(handle)
                 self.processes.append(subprocess.Popen(
                     server_command(self.model_dir, self.name, port, self.config), env=env, stdout=handle,
-                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True))
                 self.ports.append(port)
                 self.logs.append(log)
             deadline = time.monotonic() + self.fleet.server_start_timeout_s
@@ -101,8 +104,13 @@ class LocalServers:
                 pass
             time.sleep(0.5)
 
+    def kill(self, index: int) -> None:
+        """Kill server `index` at once, with its engine and worker processes (a crash, as seen from outside)."""
+        _kill_group(self.processes[index])
+        self.processes[index].wait()
+
     def stop(self, timeout_s: float = 30.0) -> None:
-        """Terminate every server (kill those still running after `timeout_s`)."""
+        """Terminate every server, then kill what is left of each (engine and worker processes included)."""
         for process in self.processes:
             if process.poll() is None:
                 process.terminate()
@@ -111,8 +119,9 @@ class LocalServers:
             try:
                 process.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+                pass
+            _kill_group(process)
+            process.wait()
         for handle in self._files:
             handle.close()
         self._files = []
@@ -122,3 +131,11 @@ class LocalServers:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    """SIGKILL the server's session: an API server killed alone leaves its engine core and worker running."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

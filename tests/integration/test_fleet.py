@@ -3,6 +3,7 @@
 The tests share the servers and run in order: generation, an update from a perturbed transformers
 model, failed and partial transfers, and last the destructive one that kills the servers.
 """
+import json
 import math
 import threading
 import time
@@ -63,6 +64,22 @@ def server_prompt_logprobs(url: str, ids: list[int]) -> list[float]:
     body = {"model": TINY_RANDOM, "prompt": ids, "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0}
     steps = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()["choices"][0]["prompt_logprobs"]
     return [0.0] + [step[str(token)]["logprob"] for step, token in zip(steps[1:], ids[1:])]
+
+
+def test_structured_output_and_refused_requests_fail_alone(fleet):
+    _, backend = fleet
+    schema = {"type": "object", "properties": {"tool": {"enum": ["cd", "ls"]}, "retry": {"type": "boolean"}},
+              "required": ["tool", "retry"], "additionalProperties": False}
+    requests = [Request(messages=[{"role": "user", "content": "JSON please"}], json_schema=schema)] * 2 + \
+        [Request(prompt_ids=[1] * backend.max_model_len), Request(prompt_ids=[10 ** 9])]
+    completions = backend.generate(requests, SamplingConfig(temperature=1.0, max_new_tokens=40))
+    for completion in completions[:2]:
+        value = json.loads(completion.text)
+        assert value["tool"] in ("cd", "ls") and isinstance(value["retry"], bool)
+    assert completions[2].finish_reason == "error" and "max_model_len" in completions[2].error
+    # The server refuses an out-of-vocabulary token itself (HTTP 400): that request fails, the server stays up.
+    assert completions[3].finish_reason == "error" and "HTTP 400" in completions[3].error, completions[3]
+    assert len(backend.live_servers) == 2
 
 
 @pytest.fixture(scope="module")
@@ -196,12 +213,11 @@ def test_a_server_killed_mid_batch_is_marked_down_and_its_requests_rerun(fleet):
     while backend.servers[0].in_flight == 0 and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(0.3)
-    servers.processes[0].kill()
+    servers.kill(0)
     worker.join(timeout=300)
     completions = result["out"]
     assert len(completions) == 16 and all(c.error is None and c.token_ids for c in completions)
     assert backend.live_servers == [servers.urls[1]]
-    servers.processes[1].kill()
-    servers.processes[1].wait()
+    servers.kill(1)
     with pytest.raises(FleetError, match="down"):
         backend.generate(requests[:2], GREEDY)
