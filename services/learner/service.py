@@ -170,8 +170,7 @@ class Learner(Service):
         model_dir = str(resolve_model(self.backend_cfg.model, self.backend_cfg.coevolve_home))
         urls = self.fleet_cfg.urls
         if not urls:
-            self.servers = LocalServers(model_dir, self.fleet_cfg.servers, self.backend_cfg, self.fleet_cfg,
-                                        Path(self.cfg.workdir) / "servers")
+            self.servers = LocalServers(model_dir, self.backend_cfg, self.fleet_cfg, Path(self.cfg.workdir) / "servers")
             urls = self.servers.start().urls
             self.log.info("learner.fleet_started", servers=len(urls), urls=urls)
         return FleetBackend(urls, model_dir, self.backend_cfg, self.fleet_cfg, model_name=self.backend_cfg.model)
@@ -214,16 +213,18 @@ class Learner(Service):
         return str(path)
 
     def _engine(self):
-        """The engine over the rollout backend's starting weights, prepared for `self.grpo` (build_engine)."""
+        """The engine over the rollout backend's starting weights, on the GPU where there is one, prepared
+        for `self.grpo` (build_engine)."""
         import torch
         from transformers import AutoModelForCausalLM
 
         from coevolve.services.agent.models import resolve_model
+        from coevolve.services.agent.precision import default_device
         from coevolve.services.learner.engines import build_engine
 
         model_dir = resolve_model(self.backend_cfg.model, self.backend_cfg.coevolve_home)
         torch.manual_seed(self.backend_cfg.seed)
-        policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(default_device())
         pad = self.backend.tokenizer.pad_token_id
         return build_engine(policy, self.grpo, pad if pad is not None else 0)
 
