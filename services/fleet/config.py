@@ -21,12 +21,15 @@ class FleetConfig:
                              "transfer rendezvous.")
     transfer_port: int = doc(0, "vllm-server: first port of the transfer rendezvous (one per server); 0 picks "
                              "free ports.")
+    requests_per_server: int = doc(16, "vllm-server: generation requests in flight per server at most (the server "
+                                   "batches them).")
     server_start_timeout_s: float = doc(300.0, "vllm-server: seconds a local server may take to answer /health.")
     server_timeout_s: float = doc(300.0, "vllm-server: seconds one generation or transfer request to a server may take.")
 
     def __post_init__(self) -> None:
-        if self.servers < 1:
-            raise ConfigError(f"servers={self.servers} must be at least 1")
+        if self.servers < 1 or self.requests_per_server < 1:
+            raise ConfigError(f"servers ({self.servers}) and requests_per_server ({self.requests_per_server}) must "
+                              "be at least 1")
         if self.weight_transfer not in TRANSFER_ENGINES:
             raise ConfigError(f"weight_transfer={self.weight_transfer!r}: choose {', '.join(TRANSFER_ENGINES)}")
         if not 0 <= self.transfer_port < 65536:

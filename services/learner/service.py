@@ -163,7 +163,7 @@ class Learner(Service):
 
     def _fleet(self):
         """The rollout fleet: the servers at `server_urls`, or `servers` local ones started here."""
-        from coevolve.services.agent.fleet_backend import FleetBackend
+        from coevolve.services.fleet.backend import FleetBackend
         from coevolve.services.agent.models import resolve_model
         from coevolve.services.fleet.servers import LocalServers
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from coevolve.services.agent.config import SamplingConfig
-from coevolve.services.agent.fleet_backend import FleetBackend, FleetError, WeightTransferError
+from coevolve.services.fleet.backend import FleetBackend, FleetError, WeightTransferError
 from coevolve.services.agent.generation import Request
 from coevolve.services.fleet import transfer
 from coevolve.services.fleet.config import FleetConfig

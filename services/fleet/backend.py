@@ -9,8 +9,9 @@ another; with none left, `generate` raises `FleetError`. A request a server refu
 (4xx) fails alone.
 
 An update waits for the requests in flight, holds new ones, and per server pauses it, broadcasts the
-weights over a gloo group of its own (opened on first use, re-opened after a failure), finishes the
-update with the new version, resets its prefix cache and resumes it. A server whose transfer fails
+weights over a transfer group of its own (`weight_transfer`: this package's gloo engine on CPU, vLLM's
+nccl engine on GPUs; opened on first use, re-opened after a failure), finishes the update with the new
+version, resets its prefix cache and resumes it. A server whose transfer fails
 keeps its old weights and version, and its completions say so; it is retried at the next update.
 """
 from __future__ import annotations
@@ -122,7 +123,7 @@ class FleetBackend:
         self.template = ChatTemplate(self.tokenizer)
         self.max_model_len = config.max_model_len
         self.dtype = resolve_dtype(config.dtype)
-        self.per_server = max(1, config.concurrency)
+        self.per_server = fleet.requests_per_server
         self.http = httpx.Client(timeout=fleet.server_timeout_s,
                                  limits=httpx.Limits(max_connections=self.per_server * len(urls) + 2 * len(urls)))
         self.servers = [_Server(url.rstrip("/"), i) for i, url in enumerate(urls)]
@@ -327,7 +328,8 @@ class FleetBackend:
                                           f"every server is down ({self._down_reasons()})"))
             self.version = new_version
         seconds = time.monotonic() - started
-        self.last_update = {"version": new_version, "bytes": source.nbytes, "seconds": seconds, "servers": taken}
+        self.last_update = {"version": new_version, "bytes": source.nbytes, "seconds": seconds, "servers": taken,
+                            "servers_behind": int(self.stats.extra["servers_behind"])}
         self.stats.extra["last_update_seconds"] = seconds
         return self.version
 
@@ -336,8 +338,13 @@ class FleetBackend:
         client.post("pause", params={"mode": "wait"})
         try:
             if server.engine is None:
-                server.engine = self._engine(server, client)
-            server.engine.send_weights(str(version), source=source)
+                server.engine = self._engine(server, client, source)
+            if self.fleet.weight_transfer == "gloo":
+                server.engine.send_weights(str(version), source=source)
+            else:  # vLLM's own engine replays the source it holds; the version is set apart
+                server.engine.source = source
+                server.engine.send_weights()
+                client.post("update_weight_version", {"new_version": str(version)})
             client.post("reset_prefix_cache")
             server.version = version
         except Exception:
@@ -351,13 +358,19 @@ class FleetBackend:
             except Exception:
                 pass  # a server that is gone; the error that matters is the one above
 
-    def _engine(self, server: _Server, client: _SyncClient) -> Any:
+    def _engine(self, server: _Server, client: _SyncClient, source: Any) -> Any:
+        """The learner's end of one server's transfer group: this package's gloo engine, or vLLM's nccl one
+        (GPUs; the learner's rank 0 and the server's workers rendezvous at transfer_host:port)."""
+        port = self.fleet.transfer_port + server.index if self.fleet.transfer_port else free_port()
+        if self.fleet.weight_transfer == "nccl":
+            from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+            from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+
+            info = NCCLTrainerInitInfo(master_address=self.fleet.transfer_host, master_port=port, world_size=2,
+                                       rank=0)
+            return WeightTransferTrainerFactory.trainer_init(info, client=client, source=source)
         from coevolve.services.fleet.transfer import GlooTrainerInitInfo, GlooTrainerWeightTransferEngine
 
-        if self.fleet.weight_transfer != "gloo":
-            raise FleetError(f"weight_transfer={self.fleet.weight_transfer!r} is not driven by this backend yet; "
-                             "use gloo")
-        port = self.fleet.transfer_port + server.index if self.fleet.transfer_port else free_port()
         info = GlooTrainerInitInfo(master_address=self.fleet.transfer_host, master_port=port, rank=0,
                                    timeout_s=self.fleet.server_timeout_s, chunk_bytes=self.transfer_chunk_bytes)
         return GlooTrainerWeightTransferEngine.trainer_init(info, client=client)
