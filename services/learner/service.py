@@ -38,6 +38,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from coevolve.services.agent.config import SamplingConfig
 from coevolve.services.agent.episodes import EpisodesStopped
+from coevolve.services.fleet.backend import FleetError, WeightTransferError
 from coevolve.services.kafka.topics import DEADLETTER, EVALUATIONS, POLICY, STEPS, TASKS, TRAJECTORIES
 from coevolve.services.learner import checkpoint as ckpt
 from coevolve.services.learner import journal
@@ -280,6 +281,11 @@ class Learner(Service):
         except EpisodesStopped as stopped:  # nothing of this step was journaled or published; a resume redoes it
             self.log.info("learner.step_abandoned", step=step, reason=str(stopped))
             return
+        except (FleetError, WeightTransferError) as failed:  # nothing of it published: --resume redoes it
+            self.log.error("learner.step_failed", step=step, reason=str(failed),
+                           fix="bring the servers back (their logs are under <workdir>/servers for local ones), "
+                               "then rerun with --resume")
+            raise
         finally:
             self._report_unloadable()  # tasks the pool refused as they arrived, or the step's draws dropped
         record, evaluation = result.record, None
