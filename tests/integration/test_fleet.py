@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from coevolve.services.agent.config import SamplingConfig
-from coevolve.services.fleet.backend import FleetBackend, FleetError, WeightTransferError
 from coevolve.services.agent.generation import Request
 from coevolve.services.fleet import transfer
+from coevolve.services.fleet.backend import FleetBackend, FleetError, WeightTransferError
 from coevolve.services.fleet.config import FleetConfig
 from coevolve.services.fleet.servers import LocalServers
 from coevolve.services.learner.grpo import token_logprobs
