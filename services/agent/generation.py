@@ -62,6 +62,15 @@ class BackendStats:
     seconds: float = 0.0
     extra: dict[str, float] = field(default_factory=dict)
 
+    def count(self, results: Sequence[Completion], seconds: float) -> None:
+        """Add one `generate` call's completions and its wall time."""
+        self.requests += len(results)
+        self.seconds += seconds
+        for r in results:
+            self.errors += r.error is not None
+            self.prompt_tokens += r.prompt_tokens
+            self.completion_tokens += r.completion_tokens
+
 
 class Backend(Protocol):
     """Chat messages (or prompt ids) in, completions out."""

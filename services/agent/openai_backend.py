@@ -43,11 +43,7 @@ class OpenAIBackend:
         futures = [self.pool.submit(self._one, r, sampling, request_seed(sampling, self._calls, i))
                    for i, r in enumerate(requests)]
         results = [f.result() for f in futures]
-        self.stats.requests += len(results)
-        self.stats.errors += sum(r.error is not None for r in results)
-        self.stats.prompt_tokens += sum(r.prompt_tokens for r in results)
-        self.stats.completion_tokens += sum(r.completion_tokens for r in results)
-        self.stats.seconds += time.monotonic() - started
+        self.stats.count(results, time.monotonic() - started)
         return results
 
     def _one(self, request: Request, sampling: SamplingConfig, seed: int | None) -> Completion:

@@ -88,8 +88,9 @@ class VllmBackend:
                                                    self.version)
             for i, output in zip(slots, outputs or ()):
                 results[i] = self._completion(output)
-        self._count(results, time.monotonic() - started)
-        return [r for r in results if r is not None]
+        done = [r for r in results if r is not None]
+        self.stats.count(done, time.monotonic() - started)
+        return done
 
     def _completion(self, output: Any) -> Completion:
         out = output.outputs[0]
@@ -98,16 +99,6 @@ class VllmBackend:
         reason = "length" if out.finish_reason == "length" else "stop"
         return Completion(text=out.text, token_ids=ids, logprobs=logprobs, finish_reason=reason,
                           policy_version=self.version, prompt_tokens=len(output.prompt_token_ids))
-
-    def _count(self, results: Sequence[Completion | None], seconds: float) -> None:
-        self.stats.requests += len(results)
-        self.stats.seconds += seconds
-        for r in results:
-            if r is None:
-                continue
-            self.stats.errors += r.error is not None
-            self.stats.prompt_tokens += r.prompt_tokens
-            self.stats.completion_tokens += r.completion_tokens
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int | None = None) -> int:
         with self.lock:

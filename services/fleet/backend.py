@@ -202,11 +202,7 @@ class FleetBackend:
         lost = [r for r in results if isinstance(r, FleetError)]
         if lost:
             raise lost[0]
-        self.stats.requests += len(results)
-        self.stats.errors += sum(r.error is not None for r in results)
-        self.stats.prompt_tokens += sum(r.prompt_tokens for r in results)
-        self.stats.completion_tokens += sum(r.completion_tokens for r in results)
-        self.stats.seconds += time.monotonic() - started
+        self.stats.count(results, time.monotonic() - started)
         return results
 
     def _payload(self, request: Request, sampling: SamplingConfig, ids: list[int]) -> dict[str, Any]:
