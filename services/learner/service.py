@@ -125,8 +125,10 @@ class Learner(Service):
                                     "their episodes cannot start.", registry=reg)
 
     def details(self) -> dict:
+        fleet = getattr(self.backend, "server_versions", None)  # the rollout fleet: each server's version
         return {"run_id": self.run_id, "step": self.done, "pool": self.pool.size if self.pool else 0,
-                "feed_error": self.feed.error if self.feed else None}
+                "feed_error": self.feed.error if self.feed else None,
+                **({"servers": fleet, "servers_live": len(self.backend.live_servers)} if fleet is not None else {})}
 
     def start(self) -> None:
         from coevolve.services.agent.backends import make_backend

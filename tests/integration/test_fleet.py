@@ -141,6 +141,25 @@ def test_greedy_output_changes_with_the_update_and_follows_the_new_weights(fleet
     assert list(after[0].token_ids) == reference[0, len(ids):].tolist()
 
 
+def test_an_explorer_on_the_openai_backend_chats_with_the_fleets_updated_policy(fleet, updated):
+    """The explorer and validator can point at a fleet server (`--backend openai --base-url URL/v1`): its
+    chat route answers from the weights the learner pushed."""
+    from coevolve.services.agent.openai_backend import OpenAIBackend
+
+    servers, backend = fleet
+    model, _, _, _ = updated
+    chat = OpenAIBackend(backend_config(model=TINY_RANDOM, backend="openai", base_url=f"{servers.urls[0]}/v1"))
+    try:
+        (reply,) = chat.generate([Request(messages=[{"role": "user", "content": "hello there"}])], GREEDY)
+    finally:
+        chat.close()
+    ids = prompt(backend)  # the same conversation, rendered as the chat route renders it
+    with torch.no_grad():
+        reference = model.generate(torch.tensor([ids]), max_new_tokens=GREEDY.max_new_tokens, do_sample=False)
+    expected = backend.tokenizer.decode(reference[0, len(ids):], skip_special_tokens=True)
+    assert reply.error is None and reply.text == expected[:len(reply.text)] and reply.text
+
+
 def test_a_transfer_broken_half_way_keeps_the_old_weights_and_version(fleet, updated, monkeypatch):
     servers, backend = fleet
     ids = updated[1]

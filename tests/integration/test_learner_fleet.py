@@ -6,6 +6,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from coevolve.services.fleet.config import FleetConfig
@@ -13,6 +14,7 @@ from coevolve.services.fleet.servers import LocalServers
 from coevolve.services.kafka.consumer import EventConsumer
 from coevolve.services.kafka.topics import POLICY, STEPS, TRAJECTORIES
 from coevolve.services.learner.checkpoint import latest_checkpoint
+from coevolve.services.runtime.ports import free_port
 from tests.agent_engines import TINY_RANDOM, backend_config, model_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -46,13 +48,17 @@ def test_a_dead_server_fails_the_step_clearly_and_a_resume_continues_on_a_new_on
     first = servers(tmp_path / "servers-1")
     try:
         env["LEARNER_SERVER_URLS"] = first.urls[0]
-        child = subprocess.Popen(learner(bootstrap, tmp_path / "learner", first.urls[0], 50), env=env,
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        port = free_port()
+        child = subprocess.Popen(learner(bootstrap, tmp_path / "learner", first.urls[0], 50, "--metrics-port",
+                                         str(port)), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True)
         consumer = EventConsumer(bootstrap, [STEPS.name])
         deadline = time.monotonic() + 300
         while not consumer.poll(0.5) and time.monotonic() < deadline:
             assert child.poll() is None, child.stdout.read()
         consumer.close()
+        health = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=10).json()
+        assert health["servers_live"] == 1 and list(health["servers"]) == first.urls
         first.kill(0)  # the only server dies while the learner rolls out and pushes
         out, _ = child.communicate(timeout=180)
     finally:
