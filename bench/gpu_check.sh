@@ -9,9 +9,8 @@
 #   train   (90 s): training tokens/s of a random-weight Qwen2.5-0.5B-shaped model, 8 x 2048, bf16 autocast
 #   smoke  (130 s): `coevolve run --preset smoke` with the transformers backend, when the Kafka clients,
 #                   Faust, the embedded broker's binary and a tiny-random model source are present;
-#                   otherwise what is missing is printed and the part is skipped. The learner service
-#                   loads its training policy on the CPU (only the transformers backend's generation
-#                   takes the GPU), so this part checks the loop on that machine, not GPU training.
+#                   otherwise what is missing is printed and the part is skipped. The learner trains
+#                   and the transformers backend generates on the GPU.
 # Figures are JSON lines on stdout and in $OUT/gpu_check.jsonl when OUT is set; logs go to $OUT too.
 # PYTHON picks the interpreter (default python3); extra arguments reach both Python parts
 # (e.g. `--device cpu --quick` on a machine without a GPU).
