@@ -107,3 +107,55 @@ def test_real_learner_steps_raise_the_toy_reward_well_beyond_chance(model_dir, l
     assert before < 0.2, before
     assert after >= before + 0.4, (before, after, rewards)
     assert max(lags) <= lag and (lag == 0 or max(lags) == 1), lags
+
+
+@pytest.fixture(scope="module")
+def fleet_model_dir(tmp_path_factory):
+    """The same kind of model with a head size vLLM's CPU attention takes (64), for a `vllm serve`."""
+    tokenizer = byte_tokenizer()
+    out = tmp_path_factory.mktemp("byte-llama-64")
+    random_llama("tiny", seed=0, vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256,
+                 num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, bos_token_id=None,
+                 eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    LETTERS.update(tokenizer.convert_tokens_to_ids(list("abcdefghijklmnopqrstuvwxyz")))
+    return str(out)
+
+
+@pytest.mark.timeout(900)
+def test_steps_on_the_rollout_fleet_with_lag_1_raise_the_toy_reward(fleet_model_dir, tmp_path):
+    """The same learning, its rollouts on a `vllm serve` process: every update pushed through vLLM's
+    weight-transfer API (gloo), the next step's rollouts generated on the server while a step trains."""
+    from transformers import AutoModelForCausalLM
+
+    from coevolve.services.fleet.backend import FleetBackend
+    from coevolve.services.fleet.config import FleetConfig
+    from coevolve.services.fleet.servers import LocalServers
+
+    config = BackendConfig(model=fleet_model_dir, backend="vllm-server", dtype="float32", max_model_len=512,
+                           kv_cache_gib=1.0)
+    fleet = FleetConfig(servers=1)
+    with LocalServers(fleet_model_dir, config, fleet, tmp_path, name="byte-llama") as servers:
+        backend = FleetBackend(servers.urls, fleet_model_dir, config, fleet, model_name="byte-llama")
+        policy = AutoModelForCausalLM.from_pretrained(fleet_model_dir, dtype=torch.float32)
+        grpo = GRPOConfig(lr=1e-2, temperature=1.0, micro_batch_size=32, max_policy_lag=1)
+        engine = build_engine(policy, grpo, backend.tokenizer.pad_token_id or 0)
+        sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=NEW, seed=0)
+        runner = StepRunner(LearnerConfig(batch_tasks=4, group_size=8, steps=10), grpo,
+                            TaskPool(TASKS, SamplerConfig(), seed=0), backend, engine, sampling, LIMITS,
+                            "run-fleet-learn", letters, env=OneTurn)
+        try:
+            before = measure(runner)
+            lags = []
+            for step in range(1, 11):
+                result = runner.run(step)
+                assert result.trained and result.policy_update["servers"] == 1
+                lags.append(result.record.staleness_max)
+            after = measure(runner)
+            versions = backend.server_versions
+        finally:
+            runner.close()
+            backend.close()
+    assert versions == {servers.urls[0]: 10} and max(lags) == 1 and lags[0] == 0
+    assert before < 0.2, before
+    assert after >= before + 0.4, (before, after)
