@@ -47,11 +47,11 @@ def test_vllm_rollouts_match_the_policy_before_and_after_a_pushed_update():
     runner = StepRunner(LearnerConfig(batch_tasks=4, group_size=4), grpo, TaskPool(TASKS, SamplerConfig()), backend,
                         engine, sampling, EpisodeLimits(max_user_turns=1, max_context_tokens=512), "run-v",
                         first_token_odd, env=OneTurn)
-    batch = runner.sequences(runner.gather().kept)
+    batch = runner.sequences(runner.gather(1).kept)
     update = runner.update_and_push(batch)
     assert update.trained and backend.version == 1
     assert update.metrics["abs_log_ratio"] < 0.01, update.metrics
-    kept = runner.gather().kept
+    kept = runner.gather(2).kept
     assert all(e.policy_version == 1 for g in kept for e in g.episodes)
     after = runner.sequences(kept)
     probe = build_engine(engine.model, GRPOConfig(lr=1e-9, temperature=0.7, micro_batch_size=16))
