@@ -98,6 +98,9 @@ class TaskPool:
         self._unloadable: list[Unloadable] = []
         self._pending: list[tuple[dict[str, Any], Origin | None]] = []
         self._lock = threading.Lock()
+        self.guard = threading.RLock()
+        """Held by a thread that refreshes, draws or reads the pool's state while another may (the learner's
+        look-ahead rollouts, `step.py`); arrivals (`offer`) need it not."""
 
     # -- arrivals (any thread) --
     def offer(self, record: dict[str, Any], origin: Origin | None = None) -> None:

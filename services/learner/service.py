@@ -27,7 +27,6 @@ dead-letters an arrival (`task_unloadable` on coevolve.deadletter, the TaskCheck
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 from datetime import datetime, timezone
@@ -166,8 +165,8 @@ class Learner(Service):
 
     def _fleet(self):
         """The rollout fleet: the servers at `server_urls`, or `servers` local ones started here."""
-        from coevolve.services.fleet.backend import FleetBackend
         from coevolve.services.agent.models import resolve_model
+        from coevolve.services.fleet.backend import FleetBackend
         from coevolve.services.fleet.servers import LocalServers
 
         model_dir = str(resolve_model(self.backend_cfg.model, self.backend_cfg.coevolve_home))
@@ -342,7 +341,7 @@ class Learner(Service):
         from coevolve.services.kafka.consumer import dead_letter
 
         sent = False
-        with self.runner.pool_lock if self.runner is not None else contextlib.nullcontext():
+        with self.pool.guard:
             unloadable = self.pool.take_unloadable()
         for bad in unloadable:
             self.m_unloadable.inc()

@@ -30,12 +30,11 @@ the moment a step's rollouts start and the update that trains on them there are 
 runs ahead, and no group is dropped for being slow. A rollout from an older policy than that (a fleet
 server a failed transfer left behind) leaves its group out of the update (`stale_groups`), published
 all the same. The step's `rollout_seconds` is then the time it waited for its rollouts. Each job takes
-the pool's arrivals (`refresh`) and draws, under `pool_lock`; the pool's state before the next job's
+the pool's arrivals (`refresh`) and draws, under the pool's `guard`; the pool's state before the next job's
 draws is what the step journals, so a resumed run redraws what a stop abandoned, and trains on nothing twice.
 """
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -170,7 +169,6 @@ class StepRunner:
         self.reward = reward or reward_function(grpo.reward)
         self.times = PhaseTimes()
         self.should_stop: Callable[[], bool] | None = None  # the service's stop flag: abandon the rollouts
-        self.pool_lock = threading.RLock()
         self._ahead: dict[int, Future] = {}
         self._before: dict[int, dict[str, Any]] = {}  # step -> the pool's state before its draws
         self._executor: ThreadPoolExecutor | None = None
@@ -188,7 +186,7 @@ class StepRunner:
         update = self.update_and_push(batch)  # update, push
         trajectories = self.trajectories(step, rollouts.groups)  # publish: what the service sends
         record = self.record(step, rollouts, trainable, update, len(trajectories), started, lags, stale)
-        with self.pool_lock:
+        with self.pool.guard:
             pool_state = self._before.get(step + 1) or self.pool.state()
             for done in [k for k in self._before if k <= step + 1]:
                 del self._before[done]
@@ -228,7 +226,7 @@ class StepRunner:
         """Take the pool's arrivals, roll out B drawn tasks, scored; with dynamic sampling, redraw to
         replace the flat groups."""
         times = PhaseTimes()
-        with self.pool_lock:
+        with self.pool.guard:
             blocked = self.pool.refresh(step)
             self._before[step] = self.pool.state()
             drawn = self.pool.draw(self.cfg.batch_tasks)
@@ -241,7 +239,7 @@ class StepRunner:
             missing = self.cfg.batch_tasks - len(kept)
             if missing <= 0:
                 break
-            with self.pool_lock:
+            with self.pool.guard:
                 redrawn = self.pool.draw(missing)
             fresh = self.roll_out(redrawn, times)
             resampled += len(fresh)
