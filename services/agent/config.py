@@ -27,9 +27,9 @@ class BackendConfig:
 
     model: str = doc("smollm2-135m-instruct", "Model: smollm2-135m-instruct, tiny-random, a local Hugging "
                      "Face directory, or (openai backend) the endpoint's model name.")
-    backend: str = doc("vllm", "Generation backend: vllm (in-process), transformers, openai (HTTP), or vllm-server (the "
-                     "learner's rollout fleet: token-in/token-out over HTTP, weights pushed through vLLM's "
-                     "weight-transfer API).")
+    backend: str = doc("vllm", "Generation backend: vllm (in-process), transformers, openai (HTTP), or "
+                     "vllm-server (the learner's rollout fleet: token-in/token-out over HTTP, weights pushed "
+                     "through vLLM's weight-transfer API).")
     coevolve_home: Path = doc(default_home(), "Cache folder for converted and generated models ($COEVOLVE_HOME).")
     dtype: str = doc("auto", "Weights dtype of local backends: auto (bfloat16 where the GPU or CPU computes it "
                      "natively, AMX or AVX512-BF16; else float32), bfloat16, float32 or float16.")

@@ -27,6 +27,14 @@ class Request:
     max_new_tokens: int | None = None
     """Overrides the sampling config's limit for this request (an episode near its context limit)."""
 
+    def ids(self, template: Any) -> list[int]:
+        """The prompt's token ids: `prompt_ids`, else the chat template's rendering of the messages."""
+        return list(self.prompt_ids) if self.prompt_ids is not None else template.conversation_ids(self.messages)
+
+    def budget(self, sampling: SamplingConfig, prompt_len: int, max_model_len: int) -> int:
+        """New tokens to ask for: the request's or the sampling's limit, within what the context leaves."""
+        return max(1, min(self.max_new_tokens or sampling.max_new_tokens, max_model_len - prompt_len))
+
 
 @dataclass(frozen=True)
 class Completion:
@@ -91,6 +99,14 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Release the engine, threads and memory."""
+
+
+def no_room(prompt_len: int, max_model_len: int, version: int) -> Completion | None:
+    """The failed completion of a prompt that fills the context by itself; None when there is room."""
+    if prompt_len < max_model_len:
+        return None
+    return Completion.failed(f"prompt of {prompt_len} tokens leaves no room under max_model_len={max_model_len}",
+                             version)
 
 
 def request_seed(sampling: SamplingConfig, call: int, index: int) -> int | None:

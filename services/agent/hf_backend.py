@@ -53,8 +53,7 @@ class TransformersBackend:
         """Generate in batches of `batch_size`; a batch that raises fails its requests alone."""
         self._calls += 1
         started = time.monotonic()
-        prompts = [list(r.prompt_ids) if r.prompt_ids is not None else self.template.conversation_ids(r.messages)
-                   for r in requests]
+        prompts = [r.ids(self.template) for r in requests]
         results: list[Completion] = []
         for start in range(0, len(requests), self.batch_size):
             chunk = range(start, min(start + self.batch_size, len(requests)))
@@ -75,8 +74,7 @@ class TransformersBackend:
                         seed: int | None) -> list[Completion]:
         torch = self.torch
         width = max(len(p) for p in prompts)
-        budgets = [max(1, min(r.max_new_tokens or sampling.max_new_tokens, self.max_model_len - len(p)))
-                   for r, p in zip(requests, prompts)]
+        budgets = [r.budget(sampling, len(p), self.max_model_len) for r, p in zip(requests, prompts)]
         input_ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts], device=self.device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
         if seed is not None:

@@ -12,7 +12,7 @@ import time
 from typing import Any, Iterable, Sequence
 
 from coevolve.services.agent import vllm_quirks
-from coevolve.services.agent.generation import BackendStats, Completion, Request, request_seed
+from coevolve.services.agent.generation import BackendStats, Completion, Request, no_room, request_seed
 from coevolve.services.agent.config import BackendConfig, SamplingConfig
 from coevolve.services.agent.precision import resolve_dtype
 from coevolve.services.agent.templates import ChatTemplate
@@ -45,8 +45,7 @@ class VllmBackend:
     def _params(self, request: Request, sampling: SamplingConfig, seed: int | None, prompt_len: int):
         from vllm import SamplingParams
 
-        budget = request.max_new_tokens or sampling.max_new_tokens
-        budget = max(1, min(budget, self.max_model_len - prompt_len))
+        budget = request.budget(sampling, prompt_len, self.max_model_len)
         structured = vllm_quirks.structured_params(request.json_schema) if request.json_schema else None
         return SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=budget,
                               seed=seed, stop=list(sampling.stop) or None, logprobs=0,
@@ -68,11 +67,9 @@ class VllmBackend:
         results: list[Completion | None] = [None] * len(requests)
         prompts, params, slots = [], [], []
         for i, request in enumerate(requests):
-            ids = list(request.prompt_ids) if request.prompt_ids is not None else \
-                self.template.conversation_ids(request.messages)
-            if len(ids) >= self.max_model_len:
-                results[i] = Completion.failed(f"prompt of {len(ids)} tokens leaves no room under "
-                                               f"max_model_len={self.max_model_len}", self.version)
+            ids = request.ids(self.template)
+            results[i] = no_room(len(ids), self.max_model_len, self.version)
+            if results[i] is not None:
                 continue
             prompts.append(TokensPrompt(prompt_token_ids=ids))
             seed = request_seed(sampling, self._calls, i) if self.seeded and not sampling.greedy else None

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
 
 from coevolve.services.agent.config import BackendConfig, SamplingConfig
-from coevolve.services.agent.generation import BackendStats, Completion, Request
+from coevolve.services.agent.generation import BackendStats, Completion, Request, no_room
 from coevolve.services.agent.precision import resolve_dtype
 from coevolve.services.agent.templates import ChatTemplate
 from coevolve.services.fleet.config import FleetConfig
@@ -206,9 +206,9 @@ class FleetBackend:
         return results
 
     def _payload(self, request: Request, sampling: SamplingConfig, ids: list[int]) -> dict[str, Any]:
-        budget = request.max_new_tokens or sampling.max_new_tokens
         payload: dict[str, Any] = {
-            "model": self.served_model, "prompt": ids, "max_tokens": max(1, min(budget, self.max_model_len - len(ids))),
+            "model": self.served_model, "prompt": ids,
+            "max_tokens": request.budget(sampling, len(ids), self.max_model_len),
             "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0, "min_p": 0.0,
             "repetition_penalty": 1.0, "logprobs": 0, "return_token_ids": True,
             "stop_token_ids": self.template.stop_token_ids()}
@@ -219,11 +219,10 @@ class FleetBackend:
         return payload
 
     def _one(self, request: Request, sampling: SamplingConfig) -> Completion | FleetError:
-        ids = list(request.prompt_ids) if request.prompt_ids is not None else \
-            self.template.conversation_ids(request.messages)
-        if len(ids) >= self.max_model_len:
-            return Completion.failed(f"prompt of {len(ids)} tokens leaves no room under "
-                                     f"max_model_len={self.max_model_len}", self.version)
+        ids = request.ids(self.template)
+        refused = no_room(len(ids), self.max_model_len, self.version)
+        if refused is not None:
+            return refused
         payload = self._payload(request, sampling, ids)
         while True:
             server = self._acquire()

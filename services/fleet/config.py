@@ -24,7 +24,8 @@ class FleetConfig:
     requests_per_server: int = doc(16, "vllm-server: generation requests in flight per server at most (the server "
                                    "batches them).")
     server_start_timeout_s: float = doc(300.0, "vllm-server: seconds a local server may take to answer /health.")
-    server_timeout_s: float = doc(300.0, "vllm-server: seconds one generation or transfer request to a server may take.")
+    server_timeout_s: float = doc(300.0, "vllm-server: seconds one generation or transfer request to a server may "
+                                  "take.")
 
     def __post_init__(self) -> None:
         if self.servers < 1 or self.requests_per_server < 1:
