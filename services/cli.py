@@ -515,10 +515,28 @@ def learner(
 ) -> None:
     """Train the agent with GRPO on the seed tasks and the loop's validated tasks; publish every step.
 
-    Every setting of LearnerSettings (services/learner/config.py) is also read from LEARNER_<FIELD>."""
-    from coevolve.services.learner.service import Learner
+    Every setting of LearnerSettings (services/learner/config.py) is also read from LEARNER_<FIELD>. With
+    learner.world_size above 1 it starts that many training ranks under torchrun (services/learner/launch.py)."""
+    from coevolve.services.learner.ranks import Ranks
+    from coevolve.services.learner.service import Learner, resolve_run
 
-    settings = _load(LearnerSettings, "learner", {**flags, "resume": True if resume else None})
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0  # torchrun restarted the group
+    settings = _load(LearnerSettings, "learner", {**flags, "resume": True if resume or restarted else None})
+    ranks = Ranks.from_env()
+    if settings.ranks.world_size > 1 and not ranks.many and not policy_only:  # start the ranks (launch.py)
+        from coevolve.services.learner.launch import run_ranks
+        from coevolve.services.run.children import coevolve_command
+
+        try:
+            resolve_run(settings.learner)
+        except ConfigError as exc:
+            raise typer.BadParameter(str(exc)) from None
+        raise typer.Exit(run_ranks(settings.ranks, sys.argv[1:], coevolve_command()))
+    if ranks.many and not ranks.driver:  # a training rank that follows rank 0 (worker.py)
+        from coevolve.services.learner.worker import serve_rank
+
+        serve_rank(settings, ranks)
+        return
     try:
         service = Learner(settings)
     except ConfigError as exc:

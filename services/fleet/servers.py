@@ -5,7 +5,8 @@ engine (registered by this package's vLLM plugin), processed log-probs (after te
 learner computes them) and whitespace-free structured output (see `agent/vllm_quirks.py`). Each runs
 in a session of its own, so that stopping it also ends its engine-core and worker processes: they
 outlive an API server that is killed alone, holding their memory. A server also stops when the
-process that started it dies (`_WITH_PARENT`), so a killed learner leaves no server behind.
+process that started it dies (`runtime.processes.WITH_PARENT`: SIGTERM, which vLLM answers by stopping
+its engine core and worker), so a killed learner leaves no server behind.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from coevolve.services.agent.config import BackendConfig
 from coevolve.services.agent.precision import resolve_dtype
 from coevolve.services.fleet.config import FleetConfig
 from coevolve.services.runtime.ports import free_port
+from coevolve.services.runtime.processes import WITH_PARENT
 
 
 class ServerStartError(RuntimeError):
@@ -78,7 +80,7 @@ class LocalServers:
                 handle = log.open("w")
                 self._files.append(handle)
                 self.processes.append(subprocess.Popen(
-                    [sys.executable, "-c", _WITH_PARENT, str(os.getpid()),
+                    [sys.executable, "-c", WITH_PARENT, str(os.getpid()),
                      *server_command(self.model_dir, self.name, port, self.config)],
                     env=env, stdout=handle,
                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True))
@@ -134,12 +136,6 @@ class LocalServers:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-_WITH_PARENT = ("import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGTERM); "
-                "os.getppid() != int(sys.argv[1]) and sys.exit(1); os.execv(sys.argv[2], sys.argv[2:])")
-"""Run the server with PR_SET_PDEATHSIG (kept across exec): SIGTERM, which vLLM answers by stopping its
-engine core and worker, once the process that started it is gone, even killed."""
 
 
 def _kill_group(process: subprocess.Popen) -> None:

@@ -4,8 +4,10 @@ A checkpoint holds the policy weights (as the engine trains them: LoRA adapters 
 optimizer state, and `state.json` (step, run id, policy version, sampler state, config). It is written
 to a temporary folder and renamed into place, and only then does `latest` move (written the same
 way), so a crash mid-write leaves the previous checkpoint current. The engine writes and reads its own
-files (`Engine.save` / `Engine.load`: torch files, or DeepSpeed's own checkpoint, whose optimizer
-state is partitioned). Older checkpoints beyond `keep` are deleted: a SmolLM2 checkpoint with AdamW
+files (`Engine.save` / `Engine.load`: torch files, DeepSpeed's own checkpoint, whose optimizer state
+is partitioned, or FSDP2's `torch.distributed.checkpoint` shards); with several ranks each writes its
+shard into the one folder (shared storage across nodes), rank 0 the rest, and `state.json` records
+the world size, which a resume must match. Older checkpoints beyond `keep` are deleted: a SmolLM2 checkpoint with AdamW
 state is about 1.6 GB.
 """
 from __future__ import annotations
@@ -33,6 +35,8 @@ class Checkpoint:
     policy_version: int
     sampler: dict[str, Any]
     config: dict[str, Any]
+    world_size: int = 1
+    """The ranks whose shards it holds."""
 
 
 def checkpoints_dir(workdir: Path) -> Path:
@@ -50,8 +54,9 @@ def _write_text(path: Path, text: str) -> None:
 
 
 def save_checkpoint(workdir: Path, engine: Engine, *, step: int, run_id: str, policy_version: int,
-                    sampler: dict[str, Any], config: dict[str, Any], keep: int = 2) -> Path:
-    """Write step `step`'s checkpoint, point `latest` at it, and keep only the newest `keep`."""
+                    sampler: dict[str, Any], config: dict[str, Any], keep: int = 2, world_size: int = 1) -> Path:
+    """Write step `step`'s checkpoint, point `latest` at it, and keep only the newest `keep`. With several
+    ranks this is rank 0's part: its `engine` (ranks.Driver) has every rank write its shard into the folder."""
     final = step_dir(workdir, step)
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -59,7 +64,7 @@ def save_checkpoint(workdir: Path, engine: Engine, *, step: int, run_id: str, po
     engine.save(tmp)
     # "engine_steps": the engine's update count, under the key older checkpoints have
     state = {"step": step, "run_id": run_id, "policy_version": policy_version, "engine_steps": engine.updates,
-             "sampler": sampler, "config": config}
+             "world_size": world_size, "sampler": sampler, "config": config}
     (tmp / "state.json").write_text(json.dumps(state, default=str), encoding="utf-8")
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
@@ -86,7 +91,7 @@ def latest_checkpoint(workdir: Path) -> Checkpoint | None:
                                 "to start over, or point it at an intact checkpoint")
     state = json.loads(state_file.read_text(encoding="utf-8"))
     return Checkpoint(path, int(state["step"]), str(state["run_id"]), int(state["policy_version"]),
-                      state["sampler"], state.get("config", {}))
+                      state["sampler"], state.get("config", {}), int(state.get("world_size", 1)))
 
 
 def restore_engine(engine: Engine, checkpoint: Checkpoint) -> None:

@@ -45,7 +45,8 @@ class GRPOConfig:
     autocast: str = doc("off", "Mixed precision of the forward and backward: off (float32), bf16 (torch.autocast; "
                         "weights and optimizer stay float32), or auto (bf16 where the device computes it "
                         "natively, else off).")
-    deepspeed_config: str = doc("", "Path of a DeepSpeed JSON config (ZeRO stage 0-2); empty trains with plain torch.")
+    deepspeed_config: str = doc("", "Path of a DeepSpeed JSON config (ZeRO stage 0-3); empty trains with plain torch "
+                                "(one rank) or FSDP2 (several).")
     max_policy_lag: int = doc(0, "Bounded-staleness asynchronous steps: the rollouts of the next L steps are "
                               "generated while a step trains and pushes, and no rollout trained on comes from a "
                               "policy more than L versions old; the loss is then decoupled PPO (grpo.py). 0 is "
@@ -91,7 +92,7 @@ class GRPOConfig:
 
 
 def read_deepspeed_config(path: str) -> dict:
-    """Parse a DeepSpeed JSON config and check what this learner supports (ZeRO stages 0-2)."""
+    """Parse a DeepSpeed JSON config and check what this learner supports (ZeRO stages 0-3)."""
     file = Path(path)
     if not file.is_file():
         raise ConfigError(f"deepspeed_config {path!r} is not a file; give a DeepSpeed JSON config or leave it empty")
@@ -102,9 +103,39 @@ def read_deepspeed_config(path: str) -> dict:
     if not isinstance(config, dict):
         raise ConfigError(f"deepspeed_config {path!r} must hold a JSON object")
     stage = config.get("zero_optimization", {}).get("stage", 0)
-    if stage not in (0, 1, 2):
-        raise ConfigError(f"ZeRO stage {stage!r} in {path!r} is not supported by the learner yet; use 0, 1 or 2")
+    if stage not in (0, 1, 2, 3):
+        raise ConfigError(f"ZeRO stage {stage!r} in {path!r} is not a ZeRO stage; use 0, 1, 2 or 3")
     return config
+
+
+@dataclass(frozen=True)
+class RanksConfig:
+    """Training ranks (services/learner/ranks.py): above one, `coevolve learner` starts them with torchrun."""
+
+    world_size: int = doc(1, "Training ranks in all. Above 1 the step's batch is split across them and the policy "
+                          "is sharded: FSDP2, or DeepSpeed when deepspeed_config names a file (ZeRO-3 allowed).")
+    nnodes: int = doc(1, "Nodes the ranks run on (torchrun --nnodes); world_size / nnodes ranks on each.")
+    node_rank: int = doc(0, "This node's index, 0..nnodes-1 (torchrun --node-rank); node 0 holds rank 0.")
+    rdzv_endpoint: str = doc("", "host:port of torchrun's c10d rendezvous, the same on every node; empty: this "
+                             "machine alone (--standalone).")
+    max_restarts: int = doc(0, "torchrun --max-restarts: times the whole group is restarted after a rank fails; a "
+                            "restarted group resumes from the latest checkpoint.")
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1 or self.nnodes < 1 or self.max_restarts < 0:
+            raise ConfigError("world_size and nnodes must be at least 1, max_restarts >= 0")
+        if self.world_size % self.nnodes:
+            raise ConfigError(f"world_size={self.world_size} does not split over nnodes={self.nnodes}: use a "
+                              "multiple of nnodes (the same number of ranks on every node)")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ConfigError(f"node_rank={self.node_rank} must be in 0..{self.nnodes - 1}")
+        if self.nnodes > 1 and not self.rdzv_endpoint:
+            raise ConfigError(f"nnodes={self.nnodes} needs rdzv_endpoint (host:port every node reaches, e.g. node "
+                              "0's address and port 29400)")
+
+    @property
+    def per_node(self) -> int:
+        return self.world_size // self.nnodes
 
 
 @dataclass(frozen=True)
@@ -200,4 +231,5 @@ class LearnerSettings(Settings):
     warmup: WarmupConfig
     backend: BackendConfig
     fleet: FleetConfig
+    ranks: RanksConfig
     limits: EpisodeLimits

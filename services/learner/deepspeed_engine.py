@@ -3,9 +3,12 @@
 - Accelerator: DeepSpeed picks its accelerator once, at import, from `DS_ACCELERATOR`. For a CPU
   model it is set to `cpu` before the first `import deepspeed` (0.19.8 also falls back to CPU when
   it finds no GPU, with a warning; being explicit keeps a GPU host from choosing CUDA for a CPU run).
-- Single process: outside the `deepspeed` launcher, `deepspeed.initialize` still joins a process
-  group, so RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT get single-process values
-  when they are unset (a launcher sets them, and they are then left alone).
+- Single process: outside a launcher, `deepspeed.initialize` still joins a process group, so RANK,
+  LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT get single-process values when they are unset.
+  Several ranks run under torchrun, which sets them; the group is already joined (`ranks.init_group`:
+  gloo on CPU, where DeepSpeed's own choice would be oneCCL) and DeepSpeed uses it.
+- ZeRO-3 partitions every parameter: the push gathers them one at a time (`GatheredParameters`), and
+  a checkpoint is DeepSpeed's, one file of partitions per rank, read back at the same world size only.
 - First start on CPU JIT-builds a shared-memory communication op (about a minute here; cached in
   ~/.cache/torch_extensions afterwards).
 - Variable micro-batch counts: a GRPO batch's sequences vary in number and length, so DeepSpeed's
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -56,7 +60,7 @@ def deepspeed_settings(config: GRPOConfig) -> dict:
 
 
 class DeepSpeedEngine(Engine):
-    """DeepSpeed ZeRO (stage 0-2 from the JSON config) around the policy."""
+    """DeepSpeed ZeRO (stage 0-3 from the JSON config) around the policy."""
 
     def __init__(self, model: torch.nn.Module, config: GRPOConfig, pad_id: int = 0) -> None:
         super().__init__(model, config, pad_id)
@@ -77,6 +81,18 @@ class DeepSpeedEngine(Engine):
 
     def _forward(self, **inputs) -> torch.Tensor:
         return self.ds(**inputs).logits
+
+    def _full_parameters(self, module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+        """ZeRO-3 partitions each parameter (`ds_id`): gathered one at a time, every rank together."""
+        from deepspeed.runtime.zero import GatheredParameters
+
+        for name, param in module.named_parameters():
+            if not hasattr(param, "ds_id"):
+                yield name, param.detach()
+                continue
+            with GatheredParameters([param], modifier_rank=None):
+                tensor = param.data.detach().clone()
+            yield name, tensor
 
     def _backward(self, loss: torch.Tensor) -> None:
         self.ds.backward(loss, scale_wrt_gas=False)

@@ -20,12 +20,14 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from coevolve.services.agent.precision import autocast_bf16
 from coevolve.services.learner import grpo, packing
 from coevolve.services.learner.batch import Collated, TrainSequence, collate, micro_batches
 from coevolve.services.learner.config import GRPOConfig
 from coevolve.services.learner.lora import is_lora, merged_named_parameters
+from coevolve.services.learner.ranks import assign, rank_times
 
 
 class Engine:
@@ -50,6 +52,10 @@ class Engine:
         if config.kl_beta > 0 and not is_lora(model):
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
         self.model = model
+        self.world = dist.get_world_size() if dist.is_initialized() else 1
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.rank_times: list[dict[str, float]] = []
+        """Each rank's seconds of the last update: training (forward and backward) and reduce (the rest)."""
 
     # Subclass hooks.
     def _forward(self, **inputs) -> torch.Tensor:
@@ -76,7 +82,14 @@ class Engine:
         return next(self.model.parameters()).device
 
     def update(self, batch: Sequence[TrainSequence]) -> dict[str, float]:
-        """One GRPO update on `batch` (one optimizer step); returns the update's metrics."""
+        """One GRPO update on `batch` (one optimizer step); returns the update's metrics.
+
+        With several ranks every rank is given the whole batch and trains its share of the micro-batches
+        (`ranks.assign`); the loss weights are the whole batch's, and each rank's loss is scaled by the
+        world size so that the engine's gradient average is the sum over ranks: the gradient and the
+        reported loss are what one rank would compute over the whole batch. A rank with fewer
+        micro-batches runs a weightless one per missing round, since every forward and backward is a
+        collective for sharded weights."""
         if not batch:
             raise ValueError("update needs at least one sequence")
         start = time.perf_counter()
@@ -90,19 +103,29 @@ class Engine:
             parts = packing.plan(batch, cfg.micro_batch_size)
         else:
             parts = [list(range(len(batch))[part]) for part in micro_batches(len(batch), cfg.micro_batch_size)]
-        for part in parts:
-            seqs = [batch[i] for i in part]
+        mine = parts
+        if self.world > 1:
+            owned = assign(parts, [len(s.token_ids) for s in batch], self.world)[self.rank]
+            mine = [parts[i] for i in owned]
+        for i in range(self._most(len(mine))):
+            weightless = i >= len(mine)
+            part = (mine or parts)[0] if weightless else mine[i]
+            seqs = [batch[j] for j in part]
             mb = collate(seqs, self.pad_id).to(self.device)
             pk = packing.pack(seqs).to(self.device) if cfg.shared_prefix else None
+            weights = torch.zeros(len(part)) if weightless else scales[part]
             with torch.autocast(self.device.type, dtype=torch.bfloat16,
                                 enabled=autocast_bf16(cfg.autocast, self.device.type)):
-                loss, stats = self._micro_loss(mb, pk, scales[part].to(self.device))
-            self._backward(loss)
-            for key, value in stats.items():
+                loss, stats = self._micro_loss(mb, pk, weights.to(self.device))
+            self._backward(loss * self.world if self.world > 1 else loss)
+            for key, value in ({} if weightless else stats).items():
                 sums[key] += value
+        trained = time.perf_counter()
         grad_norm = self._optimizer_step()
+        sums = self._summed(sums)
         self.updates += 1
         seconds = time.perf_counter() - start
+        self.rank_times = rank_times({"training": trained - start, "reduce": seconds - (trained - start)})
         loss_tokens = int(counts.sum())
         return {
             "loss": sums["loss"], "pg_loss": sums["pg_loss"], "kl": sums["kl"],
@@ -113,6 +136,27 @@ class Engine:
             "loss_tokens": float(loss_tokens), "tokens": float(sum(len(s.token_ids) for s in batch)),
             "sequences": float(len(batch)), "step_seconds": seconds,
         }
+
+    def _most(self, rounds: int) -> int:
+        """The most micro-batches any rank has."""
+        if self.world == 1:
+            return rounds
+        count = torch.tensor([rounds], device=self.comm_device)
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        return int(count.item())
+
+    def _summed(self, sums: dict[str, float]) -> dict[str, float]:
+        """`sums` added over the ranks."""
+        if self.world == 1:
+            return sums
+        values = torch.tensor(list(sums.values()), dtype=torch.float64, device=self.comm_device)
+        dist.all_reduce(values)
+        return dict(zip(sums, values.tolist()))
+
+    @property
+    def comm_device(self) -> torch.device:
+        """Where the process group's small tensors live: the GPU for NCCL, the CPU for gloo."""
+        return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
 
     def _logprobs(self, forward, mb: Collated, pk: packing.Pack | None) -> torch.Tensor:
         """(B, T) log-probs of the generated tokens under `forward` (0 elsewhere), packed or not."""
@@ -169,8 +213,12 @@ class Engine:
         """(name, tensor) of the full policy under transformers' names, LoRA merged: what vLLM loads."""
         module = self.policy_module
         if is_lora(module):
-            yield from merged_named_parameters(module)
+            yield from merged_named_parameters(module, self._full_parameters(module.get_base_model()))
             return
+        yield from self._full_parameters(module)
+
+    def _full_parameters(self, module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+        """`module`'s (name, whole tensor) in order; a sharding engine gathers each (every rank together)."""
         for name, param in module.named_parameters():
             yield name, param.detach()
 

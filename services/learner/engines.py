@@ -1,7 +1,8 @@
-"""Prepare a model for GRPO updates and pick the training engine a learner config asks for."""
+"""Prepare a model for GRPO updates and pick the training engine a learner config and the ranks ask for."""
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 from coevolve.services.learner import packing
 from coevolve.services.learner.config import GRPOConfig
@@ -26,12 +27,26 @@ def prepare_policy(model: torch.nn.Module, config: GRPOConfig) -> torch.nn.Modul
 
 
 def build_engine(model: torch.nn.Module, config: GRPOConfig, pad_id: int = 0) -> Engine:
-    """`prepare_policy(model)` in an engine: DeepSpeed when `config.deepspeed_config` names a file, plain
-    torch otherwise."""
+    """`prepare_policy(model)` in an engine: DeepSpeed when `config.deepspeed_config` names a file; else
+    FSDP2 in a process group of several ranks, plain torch in one process."""
     model = prepare_policy(model, config)
     if config.deepspeed_config:
         # Imported here: importing deepspeed picks its accelerator once (deepspeed_engine's docstring).
         from coevolve.services.learner.deepspeed_engine import DeepSpeedEngine
 
         return DeepSpeedEngine(model, config, pad_id)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        from coevolve.services.learner.fsdp_engine import FSDPEngine
+
+        return FSDPEngine(model, config, pad_id)
     return TorchEngine(model, config, pad_id)
+
+
+def load_engine(model_dir: str, config: GRPOConfig, pad_id: int, seed: int, device: torch.device) -> Engine:
+    """The engine over the weights in `model_dir`, on `device`: what every rank of a learner builds alike
+    (the same seed before loading, so LoRA's random adapters agree across ranks)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
+    return build_engine(policy, config, pad_id)

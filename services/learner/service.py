@@ -43,6 +43,7 @@ from coevolve.services.learner import checkpoint as ckpt
 from coevolve.services.learner import journal
 from coevolve.services.learner.config import LearnerConfig, LearnerSettings
 from coevolve.services.learner.evaluation import due, evaluate
+from coevolve.services.learner.ranks import Driver, Ranks, init_group, share
 from coevolve.services.learner.sampler import TaskFeed, TaskPool
 from coevolve.services.learner.record import PHASES, StepRecord
 from coevolve.services.learner.step import Reward, StepResult, StepRunner
@@ -84,11 +85,18 @@ class Learner(Service):
         self.grpo, self.sampler_cfg, self.backend_cfg = settings.grpo, settings.sampler, settings.backend
         self.warmup, self.limits, self.seeds = settings.warmup, settings.limits, settings.seeds
         self.fleet_cfg = settings.fleet
+        self.ranks = Ranks.from_env()  # rank 0 of world_size (ranks.py); the other ranks run worker.py
+        self.ranks.check(settings.ranks.world_size)
         self.servers = None  # the local fleet this learner started (vllm-server without server_urls)
         self.sampling = SamplingConfig(temperature=self.grpo.temperature, max_new_tokens=self.cfg.max_new_tokens,
                                        seed=self.backend_cfg.seed)
         self.reward = reward
         self.run_id, self.resumed = resolve_run(self.cfg)
+        if self.resumed is not None and self.resumed.world_size != self.ranks.world_size:
+            raise ConfigError(f"the checkpoint at step {self.resumed.step} of run {self.run_id} holds the shards of "
+                              f"{self.resumed.world_size} rank(s) and this learner has {self.ranks.world_size}: "
+                              f"resume with learner.world_size={self.resumed.world_size} (a sharded checkpoint "
+                              "continues at the world size that wrote it)")
         self.done = self.resumed.step if self.resumed else 0
         self.checkpointed = self.done
         self.pool_state: dict[str, Any] | None = None  # the pool after the last completed step
@@ -120,12 +128,16 @@ class Learner(Service):
                                   buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120))
         self.m_behind = Gauge("learner_servers_behind", "Fleet servers a failed transfer left on an older policy.",
                               registry=reg)
+        self.m_rank_s = Gauge("learner_rank_seconds", "Seconds of each rank's part of the last update, by phase "
+                              "(training: forward and backward; reduce: the optimizer step and the collectives "
+                              "outside the backward).", ["rank", "phase"], registry=reg)
         self.m_unloadable = Counter("learner_tasks_unloadable", "Tasks refused or dropped from the pool because "
                                     "their episodes cannot start.", registry=reg)
 
     def details(self) -> dict:
         fleet = getattr(self.backend, "server_versions", None)  # the rollout fleet: each server's version
         return {"run_id": self.run_id, "step": self.done, "pool": self.pool.size if self.pool else 0,
+                "world_size": self.ranks.world_size,
                 "feed_error": self.feed.error if self.feed else None,
                 **({"servers": fleet, "servers_live": len(self.backend.live_servers)} if fleet is not None else {})}
 
@@ -133,6 +145,7 @@ class Learner(Service):
         from coevolve.services.agent.backends import make_backend
         from coevolve.services.kafka.producer import EventProducer
 
+        init_group(self.ranks)
         self.pool = self._pool()
         self.backend_cfg = dataclasses.replace(self.backend_cfg, model=self.starting_policy())
         self.backend = self._fleet() if self.backend_cfg.backend == "vllm-server" else make_backend(self.backend_cfg)
@@ -216,19 +229,18 @@ class Learner(Service):
 
     def _engine(self):
         """The engine over the rollout backend's starting weights, on the GPU where there is one, prepared
-        for `self.grpo` (build_engine)."""
-        import torch
-        from transformers import AutoModelForCausalLM
-
+        for `self.grpo` (build_engine). With several ranks every rank builds its own from the same
+        weights (told here where they are), and rank 0 drives them (ranks.Driver)."""
         from coevolve.services.agent.models import resolve_model
         from coevolve.services.agent.precision import default_device
-        from coevolve.services.learner.engines import build_engine
+        from coevolve.services.learner.engines import load_engine
 
-        model_dir = resolve_model(self.backend_cfg.model, self.backend_cfg.coevolve_home)
-        torch.manual_seed(self.backend_cfg.seed)
-        policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(default_device())
+        model_dir = str(resolve_model(self.backend_cfg.model, self.backend_cfg.coevolve_home))
         pad = self.backend.tokenizer.pad_token_id
-        return build_engine(policy, self.grpo, pad if pad is not None else 0)
+        start = share({"model": model_dir, "pad_id": pad if pad is not None else 0})
+        device = self.ranks.device() if self.ranks.many else default_device()
+        engine = load_engine(start["model"], self.grpo, start["pad_id"], self.backend_cfg.seed, device)
+        return Driver(engine) if self.ranks.many else engine
 
     def _follow_tasks(self) -> None:
         """Start the task feed; in static mode read for `static_wait_s`, take the tasks in, then freeze."""
@@ -373,7 +385,23 @@ class Learner(Service):
             self.m_eval.set(evaluation["success_rate"])
         self.log.info("learner.step", step=rec.step, reward=round(rec.train_reward, 4), loss=rec.loss,
                       trajectories=rec.trajectory_count, pool=rec.pool_size, synthesized=rec.pool_synthesized,
-                      version=rec.policy_version, seconds=round(rec.duration_seconds, 2), eval_score=rec.eval_score)
+                      version=rec.policy_version, seconds=round(rec.duration_seconds, 2), eval_score=rec.eval_score,
+                      **self._rank_split(rec))
+
+    def _rank_split(self, rec: StepRecord) -> dict[str, Any]:
+        """With several ranks: each rank's seconds by phase (rollout and push are rank 0's: it generates and
+        sends, the others wait) and the slowest rank of the update; nothing with one rank or no update."""
+        times = self.engine.rank_times if self.ranks.many and rec.tokens_trained else []
+        for rank, own in enumerate(times):
+            for phase, seconds in own.items():
+                self.m_rank_s.labels(str(rank), phase).set(seconds)
+        if not times:
+            return {}
+        split = [{"rank": rank, "rollout": round(rec.rollout_seconds if rank == 0 else 0.0, 3),
+                  "training": round(own["training"], 3), "reduce": round(own["reduce"], 3),
+                  "push": round((rec.push_seconds or 0.0) if rank == 0 else 0.0, 3)} for rank, own in enumerate(times)]
+        slowest = max(range(len(times)), key=lambda r: times[r]["training"] + times[r]["reduce"])
+        return {"slowest_rank": slowest, "ranks": split}
 
     @property
     def blocked_share(self) -> float:
@@ -385,6 +413,7 @@ class Learner(Service):
                                                                  ("warmup", self.warmup),
                                                                  ("backend", self.backend_cfg))}
         path = ckpt.save_checkpoint(self.cfg.workdir, self.engine, step=self.done, run_id=self.run_id,
+                                    world_size=self.ranks.world_size,
                                     policy_version=self.backend.version,
                                     sampler=self.pool_state if self.pool_state is not None else self.pool.state(),
                                     config=configs, keep=self.cfg.keep_checkpoints)
@@ -394,9 +423,11 @@ class Learner(Service):
 
     def finish(self) -> None:
         try:
-            if self.engine is not None and self.done > self.checkpointed:
+            if self.engine is not None and self.done > self.checkpointed and not getattr(self.engine, "broken", False):
                 self._checkpoint()
         finally:
+            if isinstance(self.engine, Driver):
+                self.engine.close()
             if self.runner is not None:
                 self.runner.close()
             if self.feed is not None:

@@ -110,7 +110,7 @@ def run_loop(plan: Plan, workdir: Path, bootstrap: str | None = None, resume: bo
         state = _shutdown(s, phases, state)
         final = tally if state == "killed" else _reread(address, run, tally)
     info = {"run_id": run, "preset": plan.preset, "planned_steps": plan.run.steps, "resumed": resume,
-            "rollout": plan.settings("learner").backend.backend,
+            "rollout": plan.settings("learner").backend.backend, "world_size": plan.settings("learner").ranks.world_size,
             "broker": bootstrap or "embedded (memory only: a resumed session sees only its own events)",
             "restarts": s.restarts}
     th = summaries.thresholds(plan.sections.get("streams", {}))

@@ -16,8 +16,10 @@ from coevolve.services.runtime.config import ConfigError, assemble, owners, part
 from coevolve.services.simulate import SimulationConfig
 
 PACKAGE = Path(__file__).resolve().parents[2]
-# The module each service's process starts from (its command imports it).
-ENTRY = {"learner": "coevolve.services.learner.service", "explorer": "coevolve.services.explorer.service",
+# The module each service's process starts from (its command imports it); the learner's command starts the
+# ranks (launch), rank 0's service or another rank's worker.
+ENTRY = {"learner": ("coevolve.services.learner.service", "coevolve.services.learner.launch",
+                     "coevolve.services.learner.worker"), "explorer": "coevolve.services.explorer.service",
          "validator": "coevolve.services.validator.service", "archiver": "coevolve.services.archive.archiver",
          "streams": "coevolve.streams.worker.command", "simulate": "coevolve.services.simulate",
          "eval": "coevolve.services.agent.evaluate"}
@@ -62,7 +64,8 @@ def reads(path: Path) -> frozenset[str]:
 
 
 def unread(service: str, keys) -> list[str]:
-    files = closure(ENTRY[service])
+    entries = ENTRY[service] if isinstance(ENTRY[service], tuple) else (ENTRY[service],)
+    files = frozenset().union(*(closure(entry) for entry in entries))
     return [key for key in keys if not any(key in reads(path) for path in files)]
 
 

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from coevolve.services.runtime.config import ConfigError, describe, load
-from coevolve.services.learner.config import GRPOConfig, WarmupConfig, read_deepspeed_config
+from coevolve.services.learner.config import GRPOConfig, RanksConfig, WarmupConfig, read_deepspeed_config
 
 
 def test_defaults_are_the_papers_clip_range_and_token_mean():
@@ -57,8 +57,21 @@ def test_deepspeed_config_is_read_and_checked(tmp_path):
         GRPOConfig(deepspeed_config=str(bad))
     stage3 = tmp_path / "z3.json"
     stage3.write_text(json.dumps({"zero_optimization": {"stage": 3}}))
-    with pytest.raises(ConfigError, match="use 0, 1 or 2"):
-        GRPOConfig(deepspeed_config=str(stage3))
+    assert GRPOConfig(deepspeed_config=str(stage3)).deepspeed_config == str(stage3)
+    stage4 = tmp_path / "z4.json"
+    stage4.write_text(json.dumps({"zero_optimization": {"stage": 4}}))
+    with pytest.raises(ConfigError, match="use 0, 1, 2 or 3"):
+        GRPOConfig(deepspeed_config=str(stage4))
+
+
+def test_ranks_split_evenly_over_nodes_and_multi_node_needs_a_rendezvous():
+    assert RanksConfig(world_size=16, nnodes=2, node_rank=1, rdzv_endpoint="learner-0:29400").per_node == 8
+    with pytest.raises(ConfigError, match="multiple of nnodes"):
+        RanksConfig(world_size=3, nnodes=2, rdzv_endpoint="h:1")
+    with pytest.raises(ConfigError, match="needs rdzv_endpoint"):
+        RanksConfig(world_size=4, nnodes=2)
+    with pytest.raises(ConfigError, match="node_rank=2"):
+        RanksConfig(world_size=4, nnodes=2, node_rank=2, rdzv_endpoint="h:1")
 
 
 def test_lora_targets_are_split_on_commas():

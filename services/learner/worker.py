@@ -1,0 +1,68 @@
+"""A training rank other than 0: its shard of the policy, trained as rank 0 commands (ranks.follow).
+
+It reads no topic and publishes nothing. It ignores SIGTERM and SIGINT: a stop is rank 0's to decide
+at a step boundary, after which rank 0 releases it. It serves its own /metrics and /healthz on the
+learner's metrics port + its local rank (rank 0 of a node has the port itself), with the seconds of
+its last update split into training (forward and backward), reduce (the rest: the optimizer step and
+the collectives outside the backward) and push (gathering the weights for the rollout engines).
+"""
+from __future__ import annotations
+
+import signal
+import time
+
+import torch.distributed as dist
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from coevolve.services.learner.config import LearnerSettings
+from coevolve.services.learner.engines import load_engine
+from coevolve.services.learner.ranks import Ranks, follow, init_group, share
+from coevolve.services.runtime.health import serve
+from coevolve.services.runtime.log import get_logger
+
+
+def serve_rank(settings: LearnerSettings, ranks: Ranks) -> None:
+    """Join the group, build the engine over rank 0's starting policy, follow rank 0 until it stops."""
+    log = get_logger("learner")
+    ranks.check(settings.ranks.world_size)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    init_group(ranks)
+    start = share()  # rank 0's starting policy and pad id, once it has them (Learner.start)
+    engine = load_engine(start["model"], settings.grpo, start["pad_id"], settings.backend.seed, ranks.device())
+    registry = CollectorRegistry()
+    phase = Gauge("learner_rank_seconds", "Seconds of this rank's last update, by phase.", ["phase"],
+                  registry=registry)
+    updates = Counter("learner_rank_updates", "Updates this rank took part in.", registry=registry)
+    beat = [time.monotonic()]
+
+    def observe(metrics: dict[str, float]) -> None:
+        beat[0] = time.monotonic()
+        if "push_seconds" in metrics:
+            phase.labels("push").set(metrics["push_seconds"])
+            return
+        updates.inc()
+        own = engine.rank_times[ranks.rank]
+        for name in ("training", "reduce"):
+            phase.labels(name).set(own[name])
+
+    server = None
+    port = settings.learner.metrics_port
+    if port >= 0:
+        try:
+            server = serve(port + ranks.local_rank if port else 0, registry,
+                           lambda: (True, {"rank": ranks.rank, "updates": engine.updates,
+                                           "since_command_s": round(time.monotonic() - beat[0], 1)}),
+                           settings.learner.metrics_host)
+        except OSError as exc:
+            log.warning("learner.rank_metrics_unavailable", rank=ranks.rank, port=port + ranks.local_rank,
+                        reason=str(exc))
+    log.info("learner.rank_ready", rank=ranks.rank, world_size=ranks.world_size, local_rank=ranks.local_rank,
+             engine=type(engine).__name__, device=str(ranks.device()))
+    try:
+        follow(engine, observe)
+    finally:
+        if server is not None:
+            server.shutdown()
+        dist.destroy_process_group()
+    log.info("learner.rank_finished", rank=ranks.rank, updates=engine.updates)

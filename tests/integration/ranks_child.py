@@ -1,0 +1,102 @@
+"""One rank of test_learner_ranks (run under torchrun): train one update on a fixed batch, write the result.
+
+    python -m torch.distributed.run --nproc-per-node N -m tests.integration.ranks_child ENGINE OUT [options]
+
+ENGINE is torch (one process, no group), fsdp or a DeepSpeed JSON file. Every rank builds the same
+random model, takes the same batch, trains its share (Engine.update), then all gather the weights; rank
+0 drives the others as the learner does (ranks.Driver / ranks.follow) and writes the metrics, the
+per-rank timings and the trained weights to OUT (a torch file); with --checkpoint DIR, the checkpoint
+into DIR, read back into a fresh engine.
+"""
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+
+from coevolve.services.learner.batch import TrainSequence
+from coevolve.services.learner.config import GRPOConfig
+from coevolve.services.learner.engines import build_engine, prepare_policy
+from coevolve.services.learner import checkpoint as ckpt
+from coevolve.services.learner.ranks import Driver, Ranks, follow, init_group, share
+from coevolve.services.learner.shapes import random_llama
+
+SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, vocab_size=256)
+
+
+def grouped_batch(tasks=3, k=3, seed=1, vocab=256) -> list[TrainSequence]:
+    """`tasks` prompts of different lengths, `k` rollouts each with their own continuation and advantage."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for t in range(tasks):
+        prompt = torch.randint(0, vocab, (6 + 4 * t,), generator=gen).tolist()
+        for i in range(k):
+            tail = torch.randint(0, vocab, (5 + 3 * i,), generator=gen).tolist()
+            mask = [0] * len(prompt) + [1] * len(tail)
+            logprobs = [-float(torch.rand(1, generator=gen)) - 5.0 if m else 0.0 for m in mask]
+            out.append(TrainSequence(prompt + tail, mask, logprobs, advantage=float((t + i) % 3) - 1.0))
+    return out
+
+
+def engine_for(kind: str, config: dict):
+    model = random_llama("tiny", seed=0, **SMALL)
+    torch.manual_seed(0)  # LoRA's A matrices: the same on every rank and in every run (the learner seeds too)
+    if kind == "torch":
+        return build_engine(model, GRPOConfig(**config))
+    if kind == "fsdp":  # FSDP2 at any world size, one rank included
+        from coevolve.services.learner.fsdp_engine import FSDPEngine
+
+        grpo = GRPOConfig(**config)
+        return FSDPEngine(prepare_policy(model, grpo), grpo)
+    return build_engine(model, GRPOConfig(**config, deepspeed_config=kind))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("engine")
+    parser.add_argument("out")
+    parser.add_argument("--lora", type=int, default=0)
+    parser.add_argument("--packed", action="store_true")
+    parser.add_argument("--micro-batch", type=int, default=2)
+    parser.add_argument("--checkpoint", default="")
+    args = parser.parse_args()
+    ranks = Ranks.from_env()
+    if args.engine == "fsdp" and not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        dist.init_process_group("gloo")
+    init_group(ranks)
+    config = dict(lr=1e-3, micro_batch_size=args.micro_batch, shared_prefix=args.packed, lora_rank=args.lora,
+                  kl_beta=0.0)
+    engine = engine_for(args.engine, config)
+    out = {"engine": type(engine).__name__, "world": ranks.world_size, "reloaded": None}
+    if ranks.driver:  # rank 0 drives, as the learner service does
+        driver = Driver(engine)
+        out["start"] = driver.state_dict()
+        out["metrics"] = driver.update(grouped_batch())
+        out["times"] = engine.rank_times
+        out["weights"] = driver.state_dict()
+        if args.checkpoint:
+            ckpt.save_checkpoint(args.checkpoint, driver, step=1, run_id="r", policy_version=1, sampler={},
+                                 config={})
+            share(("stop", None))  # the group stays for the fresh engine below
+        else:
+            driver.close()
+    else:
+        follow(engine)
+    if args.checkpoint:  # a fresh engine reads the checkpoint back
+        fresh = engine_for(args.engine, config)
+        if ranks.driver:
+            driver = Driver(fresh)
+            driver.load(ckpt.step_dir(args.checkpoint, 1))
+            out["reloaded"] = driver.state_dict()
+            driver.close()
+        else:
+            follow(fresh)
+    if ranks.driver:
+        torch.save(out, args.out)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
