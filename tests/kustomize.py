@@ -25,6 +25,9 @@ SECRET_STANDINS = {("coevolve-clickhouse", "url"): "http://coevolve:password@cli
                    ("coevolve-clickhouse", "password"): "password", ("coevolve-llm", "api-key"): "key"}
 # What a KafkaUser's Secret (Strimzi makes it, named after the user) stands for: its SCRAM password.
 KAFKA_USER_STANDIN = "scram-password"
+# What a downward-API field stands for: pod 0's (an indexed Job's completion index is 0 there).
+COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+FIELD_STANDINS = {COMPLETION_INDEX: "0"}
 
 
 def render_text(target: str) -> str:
@@ -64,8 +67,10 @@ def secret_standin(ref: dict, docs: list[dict]) -> str:
     return SECRET_STANDINS[(ref["name"], ref["key"])]
 
 
-def container_env(container: dict, docs: list[dict]) -> dict[str, str]:
-    """The container's environment: envFrom ConfigMaps of the render, then env (Secrets as stand-ins)."""
+def container_env(container: dict, docs: list[dict], fields: dict[str, str] | None = None) -> dict[str, str]:
+    """The container's environment: envFrom ConfigMaps of the render, then env (Secrets and downward-API
+    fields as stand-ins; `fields` maps a fieldPath to its value in one pod)."""
+    fields = {**FIELD_STANDINS, **(fields or {})}
     env: dict[str, str] = {}
     for source in container.get("envFrom", []):
         env.update(find(docs, "ConfigMap", source["configMapRef"]["name"])["data"])
@@ -76,6 +81,8 @@ def container_env(container: dict, docs: list[dict]) -> dict[str, str]:
         elif "configMapKeyRef" in ref:
             key = ref["configMapKeyRef"]
             env[var["name"]] = find(docs, "ConfigMap", key["name"])["data"][key["key"]]
+        elif "fieldRef" in ref:
+            env[var["name"]] = fields[ref["fieldRef"]["fieldPath"]]
         else:
             env[var["name"]] = var["value"]
     return env
@@ -87,30 +94,21 @@ def expand(args: list[str], env: dict[str, str]) -> list[str]:
 
 
 def program(container: dict) -> str | None:
-    """The program a container of the CoEvolve image runs: `coevolve` (its entry point), `deepspeed`
-    (the launcher), alone or as the first word of an `sh -c` wrapper; None for another program."""
+    """The program a container of the CoEvolve image runs: `coevolve` (its entry point), alone or as the
+    first word of an `sh -c` wrapper; None for another program."""
     if container["image"].split(":")[0] not in ("coevolve", "coevolve-gpu"):
         return None
     command = container.get("command", ["coevolve"])
     if command[:2] == ["sh", "-c"]:
         command = command[2].split()
-    return command[0] if command[0] in ("coevolve", "deepspeed") else None
+    return command[0] if command[0] == "coevolve" else None
 
 
 def coevolve_argv(container: dict, docs: list[dict]) -> list[str] | None:
-    """The `coevolve` arguments a container runs (after a `deepspeed` launcher's own), expanded; None
-    for another program (vLLM's server, ClickHouse)."""
+    """The `coevolve` arguments a container runs, expanded; None for another program (vLLM's server,
+    ClickHouse)."""
     args = expand(container.get("args", []), container_env(container, docs))
-    if program(container) == "deepspeed":
-        return args[args.index("coevolve") + 1:]
     return args if program(container) == "coevolve" else None
-
-
-def launcher_args(container: dict) -> list[str]:
-    """The `deepspeed` launcher's own arguments, up to the program it launches; [] without it."""
-    if program(container) != "deepspeed":
-        return []
-    return container["args"][:container["args"].index("coevolve") + 1]
 
 
 def command_of(argv: list[str]):

@@ -10,6 +10,7 @@ from tests.kustomize import KUBECTL, container_env, containers, expand, find, re
 pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl (with kustomize) is not installed")
 PRODUCTION = "k8s/overlays/production"
 FLEET = "rollout-fleet"
+INDEX_LABEL = "batch.kubernetes.io/job-completion-index"  # set by Kubernetes on an indexed Job's pods
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +37,14 @@ def workloads(docs):
     for d in docs:
         if d["kind"] in ("Deployment", "StatefulSet", "Job"):
             yield d["kind"], d["metadata"]["name"], d["spec"]["template"]["metadata"]["labels"]
+
+
+def indexed_pods(job: dict) -> list[dict]:
+    """The labels of each pod of a Job: an indexed Job's carry their completion index too."""
+    labels = job["spec"]["template"]["metadata"]["labels"]
+    if job["spec"].get("completionMode") != "Indexed":
+        return [labels]
+    return [{**labels, INDEX_LABEL: str(i)} for i in range(job["spec"]["completions"])]
 
 
 def policies(docs, labels: dict, direction: str):
@@ -119,13 +128,16 @@ def test_the_fleet_samples_as_the_learners_own_engine_does(docs):
 
 
 def test_the_fleet_shares_the_models_volume_on_the_vllm_servers_node(docs):
-    """`models` is ReadWriteOnce: a pod mounting it elsewhere than the vLLM server's node would not start."""
+    """With `models` ReadWriteOnce, a pod mounting it elsewhere than the vLLM server's node would not
+    start; otherwise every node may mount it."""
     models = find(docs, "PersistentVolumeClaim", "models")["spec"]["accessModes"]
-    terms = find(docs, "StatefulSet", FLEET)["spec"]["template"]["spec"]["affinity"]["podAffinity"][
-        "requiredDuringSchedulingIgnoredDuringExecution"]
     if models == ["ReadWriteOnce"]:
+        terms = find(docs, "StatefulSet", FLEET)["spec"]["template"]["spec"]["affinity"]["podAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"]
         assert any(t["topologyKey"] == "kubernetes.io/hostname"
                    and selects(t["labelSelector"], pod_labels(docs, "Deployment", "vllm-server")) for t in terms)
+    else:
+        assert models in (["ReadWriteMany"], ["ReadOnlyMany"])
 
 
 def test_the_fleet_keeps_a_server_through_a_drain(docs):
@@ -169,10 +181,12 @@ def test_the_transfer_rendezvous_is_at_the_learner_one_port_per_server(docs):
     learner = config(docs)
     fleet = find(docs, "StatefulSet", FLEET)
     service = find(docs, "Service", learner["LEARNER_TRANSFER_HOST"])["spec"]
-    # The name resolves to the learner pod itself, whether or not it counts as ready.
+    # The name resolves to the learner's pod 0 itself (rank 0), whether or not it counts as ready.
     assert service["clusterIP"] == "None" and service["publishNotReadyAddresses"] is True
-    chosen = [name for _, name, labels in workloads(docs) if selects({"matchLabels": service["selector"]}, labels)]
-    assert chosen == ["learner"]
+    chosen = [(d["metadata"]["name"], labels.get(INDEX_LABEL)) for d in docs
+              if d["kind"] in ("Deployment", "StatefulSet", "Job")
+              for labels in indexed_pods(d) if selects({"matchLabels": service["selector"]}, labels)]
+    assert chosen == [("learner", "0")]
     first = int(learner["LEARNER_TRANSFER_PORT"])
     rendezvous = set(range(first, first + fleet["spec"]["replicas"]))
     assert {p["port"] for p in service["ports"]} == rendezvous

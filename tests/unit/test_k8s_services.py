@@ -1,5 +1,5 @@
 """The loop's services on Kubernetes agree with the code: the explorer, validator and learner, their
-variables, their LLM, the learner's GPU, launcher, checkpoints and stop."""
+variables, their LLM, the learner's GPU, DeepSpeed config, checkpoints and stop."""
 import json
 import os
 import shutil
@@ -13,8 +13,7 @@ from coevolve.services.kafka.security import KafkaSecurity
 from coevolve.services.runtime.config import load
 from coevolve.services.runtime.service import Service
 from tests.kustomize import (KUBECTL, OVERLAYS, coevolve_argv, command_of, container_env, containers,
-                             find, launcher_args, loaded_configs, program, render,
-                             with_mounted_files)
+                             find, loaded_configs, program, render, with_mounted_files)
 
 pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl (with kustomize) is not installed")
 LOOP = {("streams", "worker"), ("archiver",), ("explorer",), ("validator",), ("learner",)}
@@ -171,9 +170,13 @@ def test_the_learner_resumes_from_its_checkpoint_volume_on_every_start(target):
     mount = next(m for m in c["volumeMounts"] if m["mountPath"] == workdir)
     volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
     assert volume["persistentVolumeClaim"]["claimName"] == "learner" and not mount.get("readOnly")
-    assert find(docs, "PersistentVolumeClaim", "learner")["spec"]["accessModes"] == ["ReadWriteOnce"]
-    # One pod at a time, replaced only once gone; a config error (exit 2) is not retried.
-    assert job["spec"].get("parallelism", 1) == 1 and spec["restartPolicy"] == "Never"
+    # One pod at a time (production: one gang of pods, test_k8s_ranks.py, which share the volume),
+    # replaced only once gone; a config error (exit 2) is not retried.
+    pods = job["spec"].get("parallelism", 1)
+    assert pods == job["spec"].get("completions", 1) and spec["restartPolicy"] == "Never"
+    access = find(docs, "PersistentVolumeClaim", "learner")["spec"]["accessModes"]
+    assert access == (["ReadWriteOnce"] if pods == 1 else ["ReadWriteMany"])
+    assert pods == 1 or job["spec"]["completionMode"] == "Indexed"
     rules = job["spec"]["podFailurePolicy"]["rules"]
     assert {"action": "FailJob", "onExitCodes": {"containerName": "learner", "operator": "In", "values": [2]}} in rules
     assert {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]} in rules
@@ -188,27 +191,15 @@ def test_the_local_learner_trains_tiny_random_with_plain_torch_on_cpu():
     assert env["LEARNER_MODEL"] == "tiny-random" and not env.get("LEARNER_DEEPSPEED_CONFIG")
 
 
-def deepspeed_args(argv: list[str]) -> dict:
-    """The launcher's arguments as its own parser reads them (in a subprocess: importing deepspeed
-    picks an accelerator)."""
-    code = ("import json, sys; from deepspeed.launcher.runner import parse_args; "
-            "print(json.dumps(vars(parse_args(sys.argv[1:]))))")
-    run = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, check=True,
-                         env={**os.environ, "DS_ACCELERATOR": "cpu"}, timeout=120)
-    return json.loads(run.stdout.splitlines()[-1])
-
-
-def test_the_production_learner_runs_under_deepspeed_with_one_rank_per_gpu(tmp_path):
+def test_the_production_learner_trains_with_deepspeed_zero3_on_the_gpu_image(tmp_path):
+    """`coevolve learner` itself, no launcher before it (it starts torchrun for its ranks: test_k8s_ranks.py),
+    with DeepSpeed ZeRO-3 in bf16 from the mounted config."""
     from coevolve.services.learner.config import GRPOConfig
 
     docs = render("k8s/overlays/production")
     _, spec, c = learner(docs)
-    gpus = c["resources"]["limits"]["nvidia.com/gpu"]
-    assert c["resources"]["requests"]["nvidia.com/gpu"] == gpus and c["image"].startswith("coevolve-gpu:")
-    launcher = deepspeed_args(c["args"])
-    assert launcher["user_script"] == "coevolve" and launcher["user_args"] == coevolve_argv(c, docs)
-    assert launcher["num_gpus"] == int(gpus) and launcher["no_python"] and launcher["no_local_rank"]
-    assert launcher_args(c)[-1] == "coevolve"
+    assert program(c) == "coevolve" and coevolve_argv(c, docs)[0] == "learner"
+    assert c["image"].startswith("coevolve-gpu:")
     # The DeepSpeed config is the ConfigMap's file, mounted where LEARNER_DEEPSPEED_CONFIG points.
     env = container_env(c, docs)
     path = env["LEARNER_DEEPSPEED_CONFIG"]
@@ -218,7 +209,7 @@ def test_the_production_learner_runs_under_deepspeed_with_one_rank_per_gpu(tmp_p
     (tmp_path / "ds.json").write_text(text)
     grpo = load(GRPOConfig, "learner", environ={**env, "LEARNER_DEEPSPEED_CONFIG": str(tmp_path / "ds.json")})
     settings = json.loads(text)
-    assert grpo.deepspeed_config and settings["zero_optimization"]["stage"] == 2 and settings["bf16"]["enabled"]
+    assert grpo.deepspeed_config and settings["zero_optimization"]["stage"] == 3 and settings["bf16"]["enabled"]
     # Its base model is a directory of the models PVC, never a download.
     assert env["LEARNER_MODEL"].startswith("/models/")
     models = next(m for m in c["volumeMounts"] if m["mountPath"] == "/models")
@@ -248,9 +239,9 @@ DRIVER = ('"$@" & CONTAINER=$!; while [ ! -e "$MARK.started" ]; do sleep 0.2; do
 @pytest.mark.parametrize("target", OVERLAYS)
 @pytest.mark.parametrize("stopped", [True, False], ids=["stopped", "run-ends"])
 def test_a_stopped_learner_checkpoints_and_is_retried_a_finished_one_completes(target, stopped, tmp_path):
-    """The container's command and preStop hook, in a PID namespace of their own as in a pod, with the
-    real `deepspeed` launcher in production: the hook signals the learner alone and waits for it, and
-    the container exits 143 (the Job retries it) after a stop, 0 (the Job is done) after the run."""
+    """The container's command and preStop hook, in a PID namespace of their own as in a pod (production's
+    as on its pod 0): the hook signals the learner alone and waits for it, and the container exits 143
+    (the Job retries it) after a stop, 0 (the Job is done) after the run."""
     docs = render(target)
     _, _, c = learner(docs)
     # The hook and the wrapper use /tmp (an emptyDir in the pod): a private one here, bound over /tmp
@@ -263,8 +254,7 @@ def test_a_stopped_learner_checkpoints_and_is_retried_a_finished_one_completes(t
     assert hook[:2] == ["python", "-c"]
     script = f"mount --bind {pod_tmp} /tmp && " + DRIVER
     env = {"PATH": f"/tmp/bin:{os.path.dirname(sys.executable)}:/usr/bin:/bin", "MARK": "/tmp/mark",
-           "HOOK": hook[2] if stopped else "", "RUN_SECONDS": "300" if stopped else "3",
-           "DS_ACCELERATOR": "cpu", "HOME": "/tmp"}
+           "HOOK": hook[2] if stopped else "", "RUN_SECONDS": "300" if stopped else "3", "HOME": "/tmp"}
     if Path(sys.prefix).resolve().is_relative_to("/tmp"):
         pytest.skip(f"the pod's private /tmp would hide this Python environment ({sys.prefix}); run the tests "
                     "from a checkout outside /tmp")
@@ -282,7 +272,6 @@ def test_a_stopped_learner_checkpoints_and_is_retried_a_finished_one_completes(t
     if stopped:
         assert "hook=0" in run.stdout and "container=143" in run.stdout, output
         assert mark.exists(), "the hook never signalled the learner"
-        rank = "0" if launcher_args(c) else "-"  # the launcher's rank 0, or the learner alone
-        assert mark.read_text() == f"checkpointed {rank}"  # SIGTERM, and time to checkpoint
+        assert mark.read_text() == "checkpointed -"  # SIGTERM, and time to checkpoint
     else:
         assert "container=0" in run.stdout and not mark.exists(), output
