@@ -215,6 +215,13 @@ class LearnerConfig(ServiceConfig):
             raise ConfigError(f"eval_split={self.eval_split!r}: choose test, train or all")
 
 
+def rollout_backend(backend: str, world_size: int) -> str:
+    """The rollout backend a learner runs for `backend`: itself, except `vllm` with several ranks, which runs
+    as one local `vllm serve` process (`vllm-server`, the fleet's defaults): an in-process engine would
+    join the training ranks' process group (vLLM builds its own groups from torch's default one)."""
+    return "vllm-server" if backend == "vllm" and world_size > 1 else backend
+
+
 class LearnerSettings(Settings):
     """Everything `coevolve learner` reads, each key `LEARNER_<FIELD>` or `learner.<field>` in a preset."""
 

@@ -41,7 +41,7 @@ from coevolve.services.fleet.backend import FleetError, WeightTransferError
 from coevolve.services.kafka.topics import DEADLETTER, EVALUATIONS, POLICY, STEPS, TASKS, TRAJECTORIES
 from coevolve.services.learner import checkpoint as ckpt
 from coevolve.services.learner import journal
-from coevolve.services.learner.config import LearnerConfig, LearnerSettings
+from coevolve.services.learner.config import LearnerConfig, LearnerSettings, rollout_backend
 from coevolve.services.learner.evaluation import due, evaluate
 from coevolve.services.learner.ranks import Driver, Ranks, init_group, share
 from coevolve.services.learner.sampler import TaskFeed, TaskPool
@@ -148,7 +148,11 @@ class Learner(Service):
         init_group(self.ranks)
         self.pool = self._pool()
         self.backend_cfg = dataclasses.replace(self.backend_cfg, model=self.starting_policy())
-        self.backend = self._fleet() if self.backend_cfg.backend == "vllm-server" else make_backend(self.backend_cfg)
+        rollouts = rollout_backend(self.backend_cfg.backend, self.ranks.world_size)
+        if rollouts != self.backend_cfg.backend:
+            self.log.info("learner.rollouts_moved", backend=self.backend_cfg.backend, runs_as=rollouts,
+                          reason="an in-process vLLM engine would join the training ranks' process group")
+        self.backend = self._fleet() if rollouts == "vllm-server" else make_backend(self.backend_cfg)
         self.engine = self._engine()
         if self.resumed is not None:
             ckpt.restore_engine(self.engine, self.resumed)

@@ -8,6 +8,7 @@ from pathlib import Path
 from coevolve.services.kafka.consumer import EventConsumer
 from coevolve.services.kafka.embedded import broker_for
 from coevolve.services.kafka.topics import CATALOG
+from coevolve.services.learner.config import rollout_backend
 from coevolve.services.run import loop, summary as summaries
 from coevolve.services.run.children import ChildFailed
 from coevolve.services.run.plan import Plan
@@ -109,8 +110,10 @@ def run_loop(plan: Plan, workdir: Path, bootstrap: str | None = None, resume: bo
         state = _session(s, tally, phases)
         state = _shutdown(s, phases, state)
         final = tally if state == "killed" else _reread(address, run, tally)
+    learner = plan.settings("learner")
     info = {"run_id": run, "preset": plan.preset, "planned_steps": plan.run.steps, "resumed": resume,
-            "rollout": plan.settings("learner").backend.backend, "world_size": plan.settings("learner").ranks.world_size,
+            "rollout": rollout_backend(learner.backend.backend, learner.ranks.world_size),
+            "world_size": learner.ranks.world_size,
             "broker": bootstrap or "embedded (memory only: a resumed session sees only its own events)",
             "restarts": s.restarts}
     th = summaries.thresholds(plan.sections.get("streams", {}))

@@ -61,10 +61,10 @@ def main() -> None:
     parser.add_argument("--checkpoint", default="")
     args = parser.parse_args()
     ranks = Ranks.from_env()
-    if args.engine == "fsdp" and not dist.is_initialized():
+    init_group(ranks)
+    if args.engine == "fsdp" and not ranks.many:  # FSDP2 on one rank still needs a group
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         dist.init_process_group("gloo")
-    init_group(ranks)
     config = dict(lr=1e-3, micro_batch_size=args.micro_batch, shared_prefix=args.packed, lora_rank=args.lora,
                   kl_beta=0.0)
     engine = engine_for(args.engine, config)
