@@ -92,9 +92,10 @@ class Learner(Service):
                                        seed=self.backend_cfg.seed)
         self.reward = reward
         self.run_id, self.resumed = resolve_run(self.cfg)
-        if self.resumed is not None and self.resumed.world_size != self.ranks.world_size:
+        world = self.ranks.world_size if self.ranks.many else settings.ranks.world_size  # launched, or to launch
+        if self.resumed is not None and self.resumed.world_size != world:
             raise ConfigError(f"the checkpoint at step {self.resumed.step} of run {self.run_id} holds the shards of "
-                              f"{self.resumed.world_size} rank(s) and this learner has {self.ranks.world_size}: "
+                              f"{self.resumed.world_size} rank(s) and this learner has {world}: "
                               f"resume with learner.world_size={self.resumed.world_size} (a sharded checkpoint "
                               "continues at the world size that wrote it)")
         self.done = self.resumed.step if self.resumed else 0

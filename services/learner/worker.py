@@ -28,16 +28,28 @@ def serve_rank(settings: LearnerSettings, ranks: Ranks) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
     init_group(ranks)
-    start = share()  # rank 0's starting policy and pad id, once it has them (Learner.start)
-    engine = load_engine(start["model"], settings.grpo, start["pad_id"], settings.backend.seed, ranks.device())
     registry = CollectorRegistry()
     phase = Gauge("learner_rank_seconds", "Seconds of this rank's last update, by phase.", ["phase"],
                   registry=registry)
     updates = Counter("learner_rank_updates", "Updates this rank took part in.", registry=registry)
-    beat = [time.monotonic()]
+    state = {"engine": None, "last_command": time.monotonic()}
+    server = None
+    port = settings.learner.metrics_port
+    if port >= 0:
+        try:
+            server = serve(port + ranks.local_rank if port else 0, registry,
+                           lambda: (True, {"rank": ranks.rank, "engine": state["engine"],
+                                           "since_command_s": round(time.monotonic() - state["last_command"], 1)}),
+                           settings.learner.metrics_host)
+        except OSError as exc:
+            log.warning("learner.rank_metrics_unavailable", rank=ranks.rank, port=port + ranks.local_rank,
+                        reason=str(exc))
+    start = share()  # rank 0's starting policy and pad id, once it has them (Learner.start)
+    engine = load_engine(start["model"], settings.grpo, start["pad_id"], settings.backend.seed, ranks.device())
+    state["engine"] = type(engine).__name__
 
     def observe(metrics: dict[str, float]) -> None:
-        beat[0] = time.monotonic()
+        state["last_command"] = time.monotonic()
         if "push_seconds" in metrics:
             phase.labels("push").set(metrics["push_seconds"])
             return
@@ -46,17 +58,6 @@ def serve_rank(settings: LearnerSettings, ranks: Ranks) -> None:
         for name in ("training", "reduce"):
             phase.labels(name).set(own[name])
 
-    server = None
-    port = settings.learner.metrics_port
-    if port >= 0:
-        try:
-            server = serve(port + ranks.local_rank if port else 0, registry,
-                           lambda: (True, {"rank": ranks.rank, "updates": engine.updates,
-                                           "since_command_s": round(time.monotonic() - beat[0], 1)}),
-                           settings.learner.metrics_host)
-        except OSError as exc:
-            log.warning("learner.rank_metrics_unavailable", rank=ranks.rank, port=port + ranks.local_rank,
-                        reason=str(exc))
     log.info("learner.rank_ready", rank=ranks.rank, world_size=ranks.world_size, local_rank=ranks.local_rank,
              engine=type(engine).__name__, device=str(ranks.device()))
     try:

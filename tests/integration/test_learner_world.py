@@ -8,9 +8,11 @@ behind, and `--resume` continues.
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -19,6 +21,7 @@ import pytest
 from coevolve.services.kafka.consumer import EventConsumer
 from coevolve.services.kafka.topics import STEPS, TRAJECTORIES
 from coevolve.services.learner.checkpoint import latest_checkpoint
+from coevolve.services.runtime.ports import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -58,6 +61,24 @@ def wait_for_step(bootstrap: str, child: subprocess.Popen, timeout_s: float = 24
         consumer.close()
 
 
+def port_pair() -> int:
+    """A free port whose next one is free too: rank 0's metrics port and rank 1's."""
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no two consecutive free ports")
+
+
+def get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return response.read().decode()
+
+
 def rank_pids(parent: int) -> dict[int, int]:
     """rank -> pid of the learner's ranks (processes below `parent` whose environment has RANK)."""
     found = {}
@@ -94,11 +115,16 @@ def assert_published_once(bootstrap: str, last: int) -> None:
 
 @pytest.mark.timeout(900)
 def test_two_ranks_stop_together_resume_at_the_next_step_and_refuse_another_world_size(bootstrap, tmp_path):
-    child = subprocess.Popen(command(bootstrap, tmp_path, "--steps", "50"), env=environment(),
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    port = port_pair()
+    child = subprocess.Popen(command(bootstrap, tmp_path, "--steps", "50", "--metrics-port", str(port)),
+                             env=environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wait_for_step(bootstrap, child)
     ranks = rank_pids(child.pid)
     assert sorted(ranks) == [0, 1]
+    # rank 0 is the service; rank 1 serves its own /healthz and /metrics on the next port
+    assert json.loads(get(f"http://127.0.0.1:{port}/healthz"))["world_size"] == 2
+    assert json.loads(get(f"http://127.0.0.1:{port + 1}/healthz"))["rank"] == 1
+    assert "learner_rank_updates_total" in get(f"http://127.0.0.1:{port + 1}/metrics")
     child.send_signal(signal.SIGTERM)
     out, _ = child.communicate(timeout=240)
     assert child.returncode == 0, out[-4000:]
