@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from coevolve.services.agent.precision import autocast_bf16
 from coevolve.services.learner import grpo, packing
@@ -232,9 +233,13 @@ class TorchEngine(Engine):
 
     def __init__(self, model: torch.nn.Module, config: GRPOConfig, pad_id: int = 0) -> None:
         super().__init__(model, config, pad_id)
+        self._wrap()
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
         self.optimizer.zero_grad(set_to_none=True)
+
+    def _wrap(self) -> None:
+        """Change the model's parameters before the optimizer takes them (FSDP2 shards them here)."""
 
     def _forward(self, **inputs) -> torch.Tensor:
         return self.model(**inputs).logits
@@ -248,7 +253,7 @@ class TorchEngine(Engine):
         norm = torch.nn.utils.clip_grad_norm_(params, limit) if params else torch.tensor(0.0)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return float(norm)
+        return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)  # sharded: the global norm
 
     def save(self, folder: Path) -> None:
         torch.save(self.policy_module.state_dict(), folder / "policy.pt")

@@ -21,8 +21,7 @@ from pathlib import Path
 import torch
 
 from coevolve.services.agent.precision import autocast_bf16
-from coevolve.services.learner.config import GRPOConfig
-from coevolve.services.learner.engine import Engine
+from coevolve.services.learner.engine import TorchEngine
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -36,39 +35,18 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return layers
 
 
-class FSDPEngine(Engine):
+class FSDPEngine(TorchEngine):
     """FSDP2 around the (prepared) policy; AdamW over the sharded trainable parameters."""
 
-    def __init__(self, model: torch.nn.Module, config: GRPOConfig, pad_id: int = 0) -> None:
+    def _wrap(self) -> None:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        super().__init__(model, config, pad_id)
-        device = next(model.parameters()).device
         policy = MixedPrecisionPolicy()
-        if autocast_bf16(config.autocast, device.type):
+        if autocast_bf16(self.config.autocast, self.device.type):
             policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        for layer in decoder_layers(model):
+        for layer in decoder_layers(self.model):
             fully_shard(layer, mp_policy=policy)
-        fully_shard(model, mp_policy=policy)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def _forward(self, **inputs) -> torch.Tensor:
-        return self.model(**inputs).logits
-
-    def _backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
-
-    def _optimizer_step(self) -> float:
-        from torch.distributed.tensor import DTensor
-
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        limit = self.config.max_grad_norm or float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(params, limit) if params else torch.tensor(0.0)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+        fully_shard(self.model, mp_policy=policy)
 
     def _full_parameters(self, module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         from torch.distributed.tensor import DTensor

@@ -57,6 +57,7 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--lora", type=int, default=0)
     parser.add_argument("--packed", action="store_true")
+    parser.add_argument("--checkpointing", action="store_true", help="gradient checkpointing")
     parser.add_argument("--micro-batch", type=int, default=2)
     parser.add_argument("--checkpoint", default="")
     args = parser.parse_args()
@@ -66,7 +67,7 @@ def main() -> None:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         dist.init_process_group("gloo")
     config = dict(lr=1e-3, micro_batch_size=args.micro_batch, shared_prefix=args.packed, lora_rank=args.lora,
-                  kl_beta=0.0)
+                  gradient_checkpointing=args.checkpointing, kl_beta=0.0)
     engine = engine_for(args.engine, config)
     out = {"engine": type(engine).__name__, "world": ranks.world_size, "reloaded": None}
     if ranks.driver:  # rank 0 drives, as the learner service does

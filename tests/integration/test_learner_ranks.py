@@ -45,7 +45,8 @@ def zero3(tmp_path) -> str:
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("kind", ["fsdp", "zero3"])
-@pytest.mark.parametrize("options", [(), ("--lora", "4", "--packed")], ids=["full", "lora-packed"])
+@pytest.mark.parametrize("options", [(), ("--lora", "4", "--packed", "--checkpointing")],
+                         ids=["full", "lora-packed-checkpointing"])
 def test_two_ranks_train_what_one_rank_trains(tmp_path, kind, options, zero3):
     engine = zero3 if kind == "zero3" else "fsdp"
     reference = train(tmp_path, "torch", 1, *options)

@@ -1,0 +1,57 @@
+"""`coevolve run --preset smoke --set learner.world_size=2`: the learner trains on two torchrun ranks (FSDP2,
+gloo) while rank 0 rolls out on one local `vllm serve` (the in-process engine cannot share the ranks'
+process group); interrupted after its first step and resumed, every step and trajectory is published
+once and the summary says `world_size: 2`."""
+import json
+import signal
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from coevolve.services.kafka.embedded import EmbeddedBroker
+from tests.e2e.test_run import EXE, _events
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+STEPS = 4
+
+
+@pytest.mark.timeout(1500)
+def test_smoke_on_two_ranks_interrupted_and_resumed_publishes_every_step_once(tmp_path):
+    with EmbeddedBroker() as broker:
+        cmd = [EXE, "run", "--preset", "smoke", "--workdir", str(tmp_path), "--bootstrap", broker.bootstrap,
+               "--run-id", "ranks-e2e", "--steps", str(STEPS), "--set", "learner.world_size=2"]
+        log = tmp_path.parent / "first.log"
+        with open(log, "w+") as out:
+            first = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True)
+            deadline = time.monotonic() + 900  # the first run on a machine warms the policy up first
+            while f"step 1/{STEPS}" not in log.read_text() and time.monotonic() < deadline:
+                assert first.poll() is None, log.read_text()[-4000:]
+                time.sleep(0.5)
+            first.send_signal(signal.SIGINT)
+            assert first.wait(300) == 130, log.read_text()[-4000:]
+        interrupted = json.loads((tmp_path / "summary.json").read_text())
+        assert interrupted["state"] == "interrupted" and 1 <= interrupted["last_step"] < STEPS
+
+        done = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+        assert f"step {interrupted['last_step'] + 1}/{STEPS}" in done.stdout
+        raw = _events(broker.bootstrap, "ranks-e2e", dedupe=False)
+        events = _events(broker.bootstrap, "ranks-e2e")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["state"] == "completed" and summary["world_size"] == 2 and summary["rollout"] == "vllm-server"
+    assert Counter(e["step"] for e in raw["StepCompleted"]) == {s: 1 for s in range(1, STEPS + 1)}
+    trajectories = Counter(e["event_id"] for e in raw["TrajectoryRecorded"])
+    assert set(trajectories.values()) == {1}  # each published once, by rank 0
+    per_step = Counter(t["step"] for t in events["TrajectoryRecorded"])
+    assert per_step == {s: 2 * 4 for s in range(1, STEPS + 1)}  # the preset's B x K
+    trained = [s for s in events["StepCompleted"] if s["loss"] is not None]
+    assert len(events.get("PolicyUpdated", [])) == len(trained) == summary["weight_updates"]["count"]
+    logs = (tmp_path / "logs" / "learner.log").read_text()
+    assert logs.count('"learner.rank_ready"') >= 2  # rank 1 of the first session and of the resumed one
+    assert all(json.loads(line).get("slowest_rank") in (0, 1) for line in logs.splitlines()
+               if '"learner.step"' in line and '"ranks"' in line)
+    assert Path(tmp_path / "runs" / "ranks-e2e" / "learner" / "checkpoints" / "latest").is_file()
