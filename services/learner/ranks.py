@@ -98,6 +98,12 @@ def share(value: Any = None) -> Any:
     return box[0]
 
 
+def complete() -> None:
+    """Wait until every rank gets here (a barrier; nothing with one rank)."""
+    if dist.is_initialized():
+        dist.barrier()
+
+
 def assign(parts: Sequence[Sequence[int]], tokens: Sequence[int], world: int) -> list[list[int]]:
     """The micro-batches (`parts`, as indexes into a batch whose sequences have `tokens` tokens) each rank
     trains: the longest first to the least loaded rank, each rank's kept in batch order. Deterministic, so

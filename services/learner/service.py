@@ -43,7 +43,7 @@ from coevolve.services.learner import checkpoint as ckpt
 from coevolve.services.learner import journal
 from coevolve.services.learner.config import LearnerConfig, LearnerSettings, rollout_backend
 from coevolve.services.learner.evaluation import due, evaluate
-from coevolve.services.learner.ranks import Driver, Ranks, init_group, share
+from coevolve.services.learner.ranks import Driver, Ranks, complete, init_group, share
 from coevolve.services.learner.sampler import TaskFeed, TaskPool
 from coevolve.services.learner.record import PHASES, StepRecord
 from coevolve.services.learner.step import Reward, StepResult, StepRunner
@@ -245,7 +245,10 @@ class Learner(Service):
         start = share({"model": model_dir, "pad_id": pad if pad is not None else 0})
         device = self.ranks.device() if self.ranks.many else default_device()
         engine = load_engine(start["model"], self.grpo, start["pad_id"], self.backend_cfg.seed, device)
-        return Driver(engine) if self.ranks.many else engine
+        if not self.ranks.many:
+            return engine
+        complete()  # every rank has its engine before rank 0 drives them
+        return Driver(engine)
 
     def _follow_tasks(self) -> None:
         """Start the task feed; in static mode read for `static_wait_s`, take the tasks in, then freeze."""

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from coevolve.services.learner.config import LearnerSettings
 from coevolve.services.learner.engines import load_engine
-from coevolve.services.learner.ranks import Ranks, follow, init_group, share
+from coevolve.services.learner.ranks import Ranks, complete, follow, init_group, share
 from coevolve.services.runtime.health import serve
 from coevolve.services.runtime.log import get_logger
 
@@ -46,6 +46,7 @@ def serve_rank(settings: LearnerSettings, ranks: Ranks) -> None:
                         reason=str(exc))
     start = share()  # rank 0's starting policy and pad id, once it has them (Learner.start)
     engine = load_engine(start["model"], settings.grpo, start["pad_id"], settings.backend.seed, ranks.device())
+    complete()  # rank 0 drives no one before every rank has its engine
     state["engine"] = type(engine).__name__
 
     def observe(metrics: dict[str, float]) -> None:
