@@ -259,7 +259,8 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         """One round: start, broadcast while the server receives, finish with `weight_version`.
 
         On any failure the group is destroyed, so a server blocked in a broadcast fails at once (gloo
-        closes its connections only then: `abort` and `shutdown` leave the peer waiting for its timeout);
+        closes its connections only then: `abort` and `shutdown` leave the peer waiting for its timeout),
+        and the server's `update_weights` call is awaited, so it is out of the round when it is resumed;
         the engine must then be initialized again.
         """
         source = source or self.source
@@ -275,6 +276,7 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         info = GlooUpdateInfo(names=[m.name for m in meta], dtype_names=[str(m.dtype).removeprefix("torch.")
                                                                           for m in meta],
                               shapes=[list(m.shape) for m in meta])
+        received: Future | None = None
         try:
             self.client.start_weight_update()
             received = _background(self.client.update_weights, asdict(info))
@@ -285,6 +287,8 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
             # A gloo group closes its connections only when destroyed: drop the traceback's references too.
             traceback.clear_frames(exc.__traceback__)
             gc.collect()
+            if received is not None:  # let the server leave the broken round before anyone resumes it
+                wait([received], timeout=self.info.timeout_s if self.info else None)
             raise
         self.client.finish_weight_update(weight_version)
 

@@ -44,9 +44,22 @@ def build_engine(model: torch.nn.Module, config: GRPOConfig, pad_id: int = 0) ->
 
 def load_engine(model_dir: str, config: GRPOConfig, pad_id: int, seed: int, device: torch.device) -> Engine:
     """The engine over the weights in `model_dir`, on `device`: what every rank of a learner builds alike
-    (the same seed before loading, so LoRA's random adapters agree across ranks)."""
-    from transformers import AutoModelForCausalLM
+    (the same seed before loading, so LoRA's random adapters agree across ranks).
+
+    Under FSDP2 only rank 0 reads the weights, on the CPU; every rank builds the model on the meta
+    device and takes its shards from rank 0 (`fsdp_engine.take_from_rank0`)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
-    return build_engine(policy, config, pad_id)
+    several = dist.is_initialized() and dist.get_world_size() > 1
+    if config.deepspeed_config or not several:
+        policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
+        return build_engine(policy, config, pad_id)
+    from coevolve.services.learner.fsdp_engine import FSDPEngine
+
+    source = None
+    if dist.get_rank() == 0:
+        source = prepare_policy(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), config)
+    with torch.device("meta"):
+        policy = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=torch.float32)
+    return FSDPEngine(prepare_policy(policy, config), config, pad_id, source=source, device=device)

@@ -3,7 +3,8 @@
     python -m torch.distributed.run --nproc-per-node N -m tests.integration.ranks_child ENGINE OUT [options]
 
 ENGINE is torch (one process, no group), fsdp or a DeepSpeed JSON file. Every rank builds the same
-random model, takes the same batch, trains its share (Engine.update), then all gather the weights; rank
+random model (with --model-dir, the learner's way instead: `engines.load_engine`, where no rank but 0
+may read the weights), takes the same batch, trains its share (Engine.update), then all gather the weights; rank
 0 drives the others as the learner does (ranks.Driver / ranks.follow) and writes the metrics, the
 per-rank timings and the trained weights to OUT (a torch file); with --checkpoint DIR, the checkpoint
 into DIR, read back into a fresh engine.
@@ -16,7 +17,7 @@ import torch.distributed as dist
 
 from coevolve.services.learner.batch import TrainSequence
 from coevolve.services.learner.config import GRPOConfig
-from coevolve.services.learner.engines import build_engine, prepare_policy
+from coevolve.services.learner.engines import build_engine, load_engine, prepare_policy
 from coevolve.services.learner import checkpoint as ckpt
 from coevolve.services.learner.ranks import Driver, Ranks, follow, init_group, share
 from coevolve.services.learner.shapes import random_llama
@@ -38,8 +39,24 @@ def grouped_batch(tasks=3, k=3, seed=1, vocab=256) -> list[TrainSequence]:
     return out
 
 
+def small_llama():
+    return random_llama("tiny", seed=0, **SMALL)
+
+
+def loaded_engine(model_dir: str, config: dict, ranks: Ranks):
+    """`load_engine` as a learner's rank calls it; a rank other than 0 that reads the weights fails."""
+    from transformers import AutoModelForCausalLM
+
+    if not ranks.driver:
+        def refused(*args, **kwargs):
+            raise AssertionError(f"rank {ranks.rank} read the weights")
+
+        AutoModelForCausalLM.from_pretrained = refused
+    return load_engine(model_dir, GRPOConfig(**config), pad_id=0, seed=0, device=ranks.device())
+
+
 def engine_for(kind: str, config: dict):
-    model = random_llama("tiny", seed=0, **SMALL)
+    model = small_llama()
     torch.manual_seed(0)  # LoRA's A matrices: the same on every rank and in every run (the learner seeds too)
     if kind == "torch":
         return build_engine(model, GRPOConfig(**config))
@@ -60,15 +77,21 @@ def main() -> None:
     parser.add_argument("--checkpointing", action="store_true", help="gradient checkpointing")
     parser.add_argument("--micro-batch", type=int, default=2)
     parser.add_argument("--checkpoint", default="")
+    parser.add_argument("--model-dir", default="", help="build the engine with engines.load_engine")
+    parser.add_argument("--kl", type=float, default=0.0, help="kl_beta (a reference policy)")
     args = parser.parse_args()
     ranks = Ranks.from_env()
     init_group(ranks)
+    if args.model_dir:  # rank 0 writes the model the ranks load
+        if ranks.driver:
+            small_llama().save_pretrained(args.model_dir)
+        dist.barrier()
     if args.engine == "fsdp" and not ranks.many:  # FSDP2 on one rank still needs a group
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         dist.init_process_group("gloo")
     config = dict(lr=1e-3, micro_batch_size=args.micro_batch, shared_prefix=args.packed, lora_rank=args.lora,
-                  gradient_checkpointing=args.checkpointing, kl_beta=0.0)
-    engine = engine_for(args.engine, config)
+                  gradient_checkpointing=args.checkpointing, kl_beta=args.kl)
+    engine = loaded_engine(args.model_dir, config, ranks) if args.model_dir else engine_for(args.engine, config)
     out = {"engine": type(engine).__name__, "world": ranks.world_size, "reloaded": None}
     if ranks.driver:  # rank 0 drives, as the learner service does
         driver = Driver(engine)

@@ -179,7 +179,7 @@ def test_a_transfer_broken_half_way_keeps_the_old_weights_and_version(fleet, upd
     assert len(chunks) == 2 and backend.version == 1
     assert weight_versions(servers.urls) == ["1", "1"]
     again = backend.generate([Request(prompt_ids=ids)], GREEDY)[0]
-    assert again.token_ids == old.token_ids and again.policy_version == 1
+    assert again.token_ids == old.token_ids and again.policy_version == 1, again
 
     def fails_part_way():
         for i, pair in enumerate(perturbed_model(seed=2).named_parameters()):

@@ -72,3 +72,18 @@ def test_a_sharded_checkpoint_reads_back_into_a_fresh_group(tmp_path, kind, zero
     folder = tmp_path / "ckpt" / "checkpoints" / "step-000001"
     shards = list((folder / "dcp").glob("*.distcp")) if kind == "fsdp" else list(folder.rglob("*optim_states.pt"))
     assert len(shards) == 2, sorted(p.name for p in folder.rglob("*"))
+
+
+@pytest.mark.timeout(600)
+def test_only_rank_0_reads_the_weights_and_the_sharded_reference_agrees(tmp_path):
+    """The learner's own loading (`engines.load_engine`): every rank builds the model on the meta device
+    and takes its shards from rank 0, the only one that reads the weights (rank 1 fails if it tries);
+    the KL reference is sharded the same way. The update is plain torch's."""
+    reference = train(tmp_path, "torch", 1, "--kl", "0.1")
+    two = train(tmp_path, "fsdp", 2, "--kl", "0.1", "--model-dir", str(tmp_path / "model"))
+    assert two["engine"] == "FSDPEngine" and two["world"] == 2
+    assert max_diff(two["start"], reference["start"]) == 0.0
+    for key in ("loss", "kl", "grad_norm"):
+        assert two["metrics"][key] == pytest.approx(reference["metrics"][key], rel=1e-5, abs=1e-9)
+    assert max_diff(two["weights"], reference["weights"]) < 2e-5
+    assert max_diff(two["weights"], two["start"]) > 1e-5
