@@ -28,7 +28,7 @@ run: $(STAMP)
 	$(BIN)/coevolve run
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra --durations=30
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
