@@ -9,6 +9,9 @@
   gloo on CPU, where DeepSpeed's own choice would be oneCCL) and DeepSpeed uses it.
 - ZeRO-3 partitions every parameter: the push gathers them one at a time (`GatheredParameters`), and
   a checkpoint is DeepSpeed's, one file of partitions per rank, read back at the same world size only.
+  A learner's ranks load the weights already partitioned (`engines.load_engine`: transformers'
+  `HfDeepSpeedConfig` puts `from_pretrained` under `deepspeed.zero.Init`), and so the KL reference,
+  which then computes inside an engine of its own.
 - First start on CPU JIT-builds a shared-memory communication op (about a minute here; cached in
   ~/.cache/torch_extensions afterwards).
 - Variable micro-batch counts: a GRPO batch's sequences vary in number and length, so DeepSpeed's
@@ -62,10 +65,15 @@ def deepspeed_settings(config: GRPOConfig) -> dict:
 class DeepSpeedEngine(Engine):
     """DeepSpeed ZeRO (stage 0-3 from the JSON config) around the policy."""
 
-    def __init__(self, model: torch.nn.Module, config: GRPOConfig, pad_id: int = 0) -> None:
-        super().__init__(model, config, pad_id)
+    def __init__(self, model: torch.nn.Module, config: GRPOConfig, pad_id: int = 0,
+                 reference: torch.nn.Module | None = None) -> None:
+        super().__init__(model, config, pad_id, reference)
         deepspeed = import_deepspeed(next(model.parameters()).device)
         settings = deepspeed_settings(config)
+        if self.reference is not None and any(hasattr(p, "ds_id") for p in self.reference.parameters()):
+            # a partitioned reference computes only inside an engine of its own (no optimizer)
+            self.reference = deepspeed.initialize(model=self.reference, config={
+                k: v for k, v in settings.items() if k not in ("optimizer", "scheduler")})[0]
         params = [p for p in self.model.parameters() if p.requires_grad]
         optimizer = None
         if "optimizer" not in settings:

@@ -9,8 +9,9 @@ computed once for the pack instead of once per rollout.
 
 An engine takes a model already prepared for its config (`engines.prepare_policy`: the packing
 attention, gradient checkpointing, LoRA); `engines.build_engine` does both. The reference policy for
-the KL term exists only when `kl_beta > 0`: a frozen copy of the starting weights, or, with LoRA, the
-same model with its adapters switched off (no copy).
+the KL term exists only when `kl_beta > 0`: a frozen copy of the starting weights (or the `reference`
+given, the same weights loaded apart), or, with LoRA, the same model with its adapters switched off
+(no copy).
 """
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ class Engine:
     `model` must be prepared for `config` (`engines.prepare_policy`); the constructor checks the parts
     that would otherwise compute something else silently, and changes nothing in the model."""
 
-    def __init__(self, model: torch.nn.Module, config: GRPOConfig, pad_id: int = 0) -> None:
+    def __init__(self, model: torch.nn.Module, config: GRPOConfig, pad_id: int = 0,
+                 reference: torch.nn.Module | None = None) -> None:
         if config.shared_prefix and model.config._attn_implementation != packing.ATTENTION:
             raise ValueError("shared_prefix packs rollouts, which needs the model switched to the packing "
                              "attention first: build the engine with engines.build_engine, or call "
@@ -51,7 +53,7 @@ class Engine:
         """Updates taken (one optimizer step each), restored from a checkpoint."""
         self.reference = None
         if config.kl_beta > 0 and not is_lora(model):
-            self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+            self.reference = reference or copy.deepcopy(model).eval().requires_grad_(False)
         self.model = model
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.rank = dist.get_rank() if dist.is_initialized() else 0

@@ -5,7 +5,7 @@ import torch
 import torch.distributed as dist
 
 from coevolve.services.learner import packing
-from coevolve.services.learner.config import GRPOConfig
+from coevolve.services.learner.config import GRPOConfig, read_deepspeed_config
 from coevolve.services.learner.engine import Engine, TorchEngine
 from coevolve.services.learner.lora import add_lora
 
@@ -46,12 +46,16 @@ def load_engine(model_dir: str, config: GRPOConfig, pad_id: int, seed: int, devi
     """The engine over the weights in `model_dir`, on `device`: what every rank of a learner builds alike
     (the same seed before loading, so LoRA's random adapters agree across ranks).
 
-    Under FSDP2 only rank 0 reads the weights, on the CPU; every rank builds the model on the meta
-    device and takes its shards from rank 0 (`fsdp_engine.take_from_rank0`)."""
+    With several ranks no rank holds the whole model on its device: under FSDP2 only rank 0 reads the
+    weights, on the CPU, and every rank builds the model on the meta device and takes its shards from
+    rank 0 (`fsdp_engine.take_from_rank0`); under ZeRO-3 every rank loads its partitions only
+    (`_zero3_engine`)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(seed)
     several = dist.is_initialized() and dist.get_world_size() > 1
+    if several and config.deepspeed_config and zero_stage(config) == 3:
+        return _zero3_engine(model_dir, config, pad_id, device)
     if config.deepspeed_config or not several:
         policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
         return build_engine(policy, config, pad_id)
@@ -63,3 +67,29 @@ def load_engine(model_dir: str, config: GRPOConfig, pad_id: int, seed: int, devi
     with torch.device("meta"):
         policy = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=torch.float32)
     return FSDPEngine(prepare_policy(policy, config), config, pad_id, source=source, device=device)
+
+
+def zero_stage(config: GRPOConfig) -> int:
+    return read_deepspeed_config(config.deepspeed_config).get("zero_optimization", {}).get("stage", 0)
+
+
+def _zero3_engine(model_dir: str, config: GRPOConfig, pad_id: int, device: torch.device) -> Engine:
+    """ZeRO-3 over weights partitioned as they load: while transformers' `HfDeepSpeedConfig` lives,
+    `from_pretrained` builds under `deepspeed.zero.Init` and each rank keeps its partitions only. The KL
+    reference, when one is needed, is loaded the same way."""
+    from transformers import AutoModelForCausalLM
+    from transformers.integrations import HfDeepSpeedConfig
+
+    from coevolve.services.learner.deepspeed_engine import DeepSpeedEngine, deepspeed_settings, import_deepspeed
+
+    import_deepspeed(device)
+    partitioning = HfDeepSpeedConfig(deepspeed_settings(config))  # transformers holds it weakly: keep it
+    try:
+        policy = prepare_policy(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), config)
+        reference = None
+        if config.kl_beta > 0 and not config.lora_rank:
+            reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+            reference = reference.eval().requires_grad_(False)
+        return DeepSpeedEngine(policy, config, pad_id, reference)
+    finally:
+        del partitioning  # later models (rank 0's rollout backend) load whole again

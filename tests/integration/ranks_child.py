@@ -3,8 +3,8 @@
     python -m torch.distributed.run --nproc-per-node N -m tests.integration.ranks_child ENGINE OUT [options]
 
 ENGINE is torch (one process, no group), fsdp or a DeepSpeed JSON file. Every rank builds the same
-random model (with --model-dir, the learner's way instead: `engines.load_engine`, where no rank but 0
-may read the weights), takes the same batch, trains its share (Engine.update), then all gather the weights; rank
+random model (with --model-dir, the learner's way instead: `engines.load_engine`, where no rank may
+hold the whole model), takes the same batch, trains its share (Engine.update), then all gather the weights; rank
 0 drives the others as the learner does (ranks.Driver / ranks.follow) and writes the metrics, the
 per-rank timings and the trained weights to OUT (a torch file); with --checkpoint DIR, the checkpoint
 into DIR, read back into a fresh engine.
@@ -43,14 +43,26 @@ def small_llama():
     return random_llama("tiny", seed=0, **SMALL)
 
 
-def loaded_engine(model_dir: str, config: dict, ranks: Ranks):
-    """`load_engine` as a learner's rank calls it; a rank other than 0 that reads the weights fails."""
+def loaded_engine(kind: str, model_dir: str, config: dict, ranks: Ranks):
+    """`load_engine` as a learner's rank calls it. Under FSDP2 a rank other than 0 that reads the weights
+    fails; under ZeRO-3 a rank that loads any whole tensor fails."""
     from transformers import AutoModelForCausalLM
 
-    if not ranks.driver:
-        def refused(*args, **kwargs):
-            raise AssertionError(f"rank {ranks.rank} read the weights")
+    read = AutoModelForCausalLM.from_pretrained
 
+    def refused(*args, **kwargs):
+        raise AssertionError(f"rank {ranks.rank} read the weights")
+
+    def partitioned(*args, **kwargs):
+        model = read(*args, **kwargs)
+        whole = [name for name, param in model.named_parameters() if param.numel()]
+        assert not whole, f"rank {ranks.rank} loaded whole tensors: {whole[:3]}"
+        return model
+
+    if kind != "fsdp":
+        AutoModelForCausalLM.from_pretrained = partitioned
+        config = {**config, "deepspeed_config": kind}
+    elif not ranks.driver:
         AutoModelForCausalLM.from_pretrained = refused
     return load_engine(model_dir, GRPOConfig(**config), pad_id=0, seed=0, device=ranks.device())
 
@@ -91,7 +103,7 @@ def main() -> None:
         dist.init_process_group("gloo")
     config = dict(lr=1e-3, micro_batch_size=args.micro_batch, shared_prefix=args.packed, lora_rank=args.lora,
                   gradient_checkpointing=args.checkpointing, kl_beta=args.kl)
-    engine = loaded_engine(args.model_dir, config, ranks) if args.model_dir else engine_for(args.engine, config)
+    engine = loaded_engine(args.engine, args.model_dir, config, ranks) if args.model_dir else engine_for(args.engine, config)
     out = {"engine": type(engine).__name__, "world": ranks.world_size, "reloaded": None}
     if ranks.driver:  # rank 0 drives, as the learner service does
         driver = Driver(engine)

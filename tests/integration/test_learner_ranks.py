@@ -75,13 +75,16 @@ def test_a_sharded_checkpoint_reads_back_into_a_fresh_group(tmp_path, kind, zero
 
 
 @pytest.mark.timeout(600)
-def test_only_rank_0_reads_the_weights_and_the_sharded_reference_agrees(tmp_path):
-    """The learner's own loading (`engines.load_engine`): every rank builds the model on the meta device
-    and takes its shards from rank 0, the only one that reads the weights (rank 1 fails if it tries);
-    the KL reference is sharded the same way. The update is plain torch's."""
+@pytest.mark.parametrize("kind", ["fsdp", "zero3"])
+def test_no_rank_loads_the_whole_model_and_the_sharded_reference_agrees(tmp_path, kind, zero3):
+    """The learner's own loading (`engines.load_engine`). FSDP2: every rank builds the model on the meta
+    device and takes its shards from rank 0, the only one that reads the weights (rank 1 fails if it
+    tries). ZeRO-3: each rank loads its partitions only (a rank fails if it loads a whole tensor). The
+    KL reference is sharded the same way, and the update is plain torch's."""
     reference = train(tmp_path, "torch", 1, "--kl", "0.1")
-    two = train(tmp_path, "fsdp", 2, "--kl", "0.1", "--model-dir", str(tmp_path / "model"))
-    assert two["engine"] == "FSDPEngine" and two["world"] == 2
+    two = train(tmp_path, zero3 if kind == "zero3" else "fsdp", 2, "--kl", "0.1",
+                "--model-dir", str(tmp_path / "model"))
+    assert two["engine"] == ("DeepSpeedEngine" if kind == "zero3" else "FSDPEngine") and two["world"] == 2
     assert max_diff(two["start"], reference["start"]) == 0.0
     for key in ("loss", "kl", "grad_norm"):
         assert two["metrics"][key] == pytest.approx(reference["metrics"][key], rel=1e-5, abs=1e-9)
