@@ -78,15 +78,30 @@ def init_group(ranks: Ranks) -> None:
     (PR_SET_PDEATHSIG), so a killed launcher leaves no rank behind holding a collective open."""
     if dist.is_initialized() or not ranks.many:
         return
+    store = None
     if "TORCHELASTIC_RUN_ID" in os.environ:
         import ctypes
 
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+        store = attempt_store(ranks)
     device = ranks.device()
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", timeout=COMMAND_TIMEOUT,
-                            device_id=device if device.type == "cuda" else None)
+                            device_id=device if device.type == "cuda" else None, store=store, rank=ranks.rank,
+                            world_size=ranks.world_size)
+
+
+def attempt_store(ranks: Ranks) -> dist.Store:
+    """torchrun's store, under a prefix of this attempt (TORCHELASTIC_RESTART_COUNT).
+
+    torchrun keeps one store across the restarts of a group (its agent's, shared by default), and the
+    default group's keys carry no attempt: a restarted rank could read the address a dead rank published
+    in the attempt before and fail to connect (seen: "Gloo connectFullMesh failed ... Connection refused")."""
+    hosted = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and ranks.rank == 0
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), ranks.world_size,
+                          is_master=hosted, timeout=COMMAND_TIMEOUT, wait_for_workers=False)
+    return dist.PrefixStore(f"coevolve/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def share(value: Any = None) -> Any:

@@ -3,7 +3,7 @@
 Stopped by SIGTERM after a step, both ranks exit 0 and `--resume` continues at the next step; every
 step and trajectory is published once; the checkpoint holds both ranks' shards and refuses another
 world size. A rank killed mid-run stops the whole group with a message naming it, leaves no process
-behind, and `--resume` continues.
+behind, and `--resume` continues; with `max_restarts`, torchrun restarts the group and the run completes.
 """
 import json
 import os
@@ -166,4 +166,25 @@ def test_a_killed_rank_stops_the_group_with_its_name_and_resume_continues(bootst
     done = subprocess.run(command(bootstrap, tmp_path, "--steps", str(target), "--resume"), env=environment(),
                           capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stderr[-4000:]
+    assert_published_once(bootstrap, target)
+
+
+@pytest.mark.timeout(900)
+def test_with_max_restarts_torchrun_restarts_the_group_and_the_run_completes(bootstrap, tmp_path):
+    """`learner.max_restarts = 1`: a rank killed mid-run makes torchrun restart the whole group, whose
+    rank 0 resumes from the latest checkpoint or the journal; the run ends as if nothing happened."""
+    target = 3
+    child = subprocess.Popen(command(bootstrap, tmp_path, "--steps", str(target)),
+                             env=environment(LEARNER_MAX_RESTARTS="1"),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_for_step(bootstrap, child)
+    first = rank_pids(child.pid)
+    os.kill(first[1], signal.SIGKILL)
+    out, _ = child.communicate(timeout=600)
+    assert child.returncode == 0, out[-4000:]
+    assert f"completed step {target} of {target}" in out
+    started = [json.loads(line) for line in out.splitlines() if '"learner.started"' in line]
+    assert len(started) == 2 and started[0]["resumed_at"] == 0, out[-4000:]
+    assert started[1]["resumed_at"] >= 1, started  # the restarted rank 0 went on from step 1 at least
+    assert not any(Path(f"/proc/{pid}").exists() for pid in first.values())
     assert_published_once(bootstrap, target)
