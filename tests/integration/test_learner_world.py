@@ -106,6 +106,17 @@ def ancestors(pid: int) -> list[str]:
     return chain
 
 
+def kill_rank_1_after_a_step(bootstrap: str, tmp_path: Path, steps: int, **env: str) -> tuple[int, str, dict]:
+    """Run the learner, SIGKILL rank 1 once a step is published: the exit code, the output, the first ranks."""
+    child = subprocess.Popen(command(bootstrap, tmp_path, "--steps", str(steps)), env=environment(**env),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_for_step(bootstrap, child)
+    ranks = rank_pids(child.pid)
+    os.kill(ranks[1], signal.SIGKILL)
+    out, _ = child.communicate(timeout=600)
+    return child.returncode, out, ranks
+
+
 def assert_published_once(bootstrap: str, last: int) -> None:
     steps = read(bootstrap, STEPS.name)
     assert sorted(s["step"] for s in {s["event_id"]: s for s in steps}.values()) == list(range(1, last + 1))
@@ -149,13 +160,8 @@ def test_two_ranks_stop_together_resume_at_the_next_step_and_refuse_another_worl
 
 @pytest.mark.timeout(900)
 def test_a_killed_rank_stops_the_group_with_its_name_and_resume_continues(bootstrap, tmp_path):
-    child = subprocess.Popen(command(bootstrap, tmp_path, "--steps", "50"), env=environment(),
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    wait_for_step(bootstrap, child)
-    ranks = rank_pids(child.pid)
-    os.kill(ranks[1], signal.SIGKILL)
-    out, _ = child.communicate(timeout=240)
-    assert child.returncode == 1, out[-4000:]
+    code, out, ranks = kill_rank_1_after_a_step(bootstrap, tmp_path, steps=50)
+    assert code == 1, out[-4000:]
     failed = [json.loads(line) for line in out.splitlines() if '"learner.rank_failed"' in line]
     assert failed and failed[0]["rank"] == 1 and failed[0]["how"] == "killed by SIGKILL", out[-4000:]
     time.sleep(2)
@@ -174,14 +180,8 @@ def test_with_max_restarts_torchrun_restarts_the_group_and_the_run_completes(boo
     """`learner.max_restarts = 1`: a rank killed mid-run makes torchrun restart the whole group, whose
     rank 0 resumes from the latest checkpoint or the journal; the run ends as if nothing happened."""
     target = 3
-    child = subprocess.Popen(command(bootstrap, tmp_path, "--steps", str(target)),
-                             env=environment(LEARNER_MAX_RESTARTS="1"),
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    wait_for_step(bootstrap, child)
-    first = rank_pids(child.pid)
-    os.kill(first[1], signal.SIGKILL)
-    out, _ = child.communicate(timeout=600)
-    assert child.returncode == 0, out[-4000:]
+    code, out, first = kill_rank_1_after_a_step(bootstrap, tmp_path, steps=target, LEARNER_MAX_RESTARTS="1")
+    assert code == 0, out[-4000:]
     assert f"completed step {target} of {target}" in out
     started = [json.loads(line) for line in out.splitlines() if '"learner.started"' in line]
     assert len(started) == 2 and started[0]["resumed_at"] == 0, out[-4000:]
