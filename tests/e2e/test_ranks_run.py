@@ -16,7 +16,7 @@ from tests.e2e.test_run import EXE, _events
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-STEPS = 4
+STEPS = 3
 
 
 @pytest.mark.timeout(1500)
