@@ -31,6 +31,19 @@ def train(tmp_path, engine: str, world: int, *options: str) -> dict:
     return torch.load(out, weights_only=False)
 
 
+@pytest.fixture(scope="module")
+def plain_torch(tmp_path_factory):
+    """Plain torch's result for a set of options, computed once per set (both engines compare with it)."""
+    results: dict[tuple[str, ...], dict] = {}
+
+    def result(*options: str) -> dict:
+        if options not in results:
+            results[options] = train(tmp_path_factory.mktemp("torch"), "torch", 1, *options)
+        return results[options]
+
+    return result
+
+
 def max_diff(a: dict, b: dict) -> float:
     assert set(a) == set(b)
     return max(float((a[k] - b[k]).abs().max()) for k in a)
@@ -47,9 +60,9 @@ def zero3(tmp_path) -> str:
 @pytest.mark.parametrize("kind", ["fsdp", "zero3"])
 @pytest.mark.parametrize("options", [(), ("--lora", "4", "--packed", "--checkpointing")],
                          ids=["full", "lora-packed-checkpointing"])
-def test_two_ranks_train_what_one_rank_trains(tmp_path, kind, options, zero3):
+def test_two_ranks_train_what_one_rank_trains(tmp_path, kind, options, zero3, plain_torch):
     engine = zero3 if kind == "zero3" else "fsdp"
-    reference = train(tmp_path, "torch", 1, *options)
+    reference = plain_torch(*options)
     one, two = train(tmp_path, engine, 1, *options), train(tmp_path, engine, 2, *options)
     assert one["engine"] == two["engine"] == ("DeepSpeedEngine" if kind == "zero3" else "FSDPEngine")
     assert two["world"] == 2 and len(two["times"]) == 2 and len(one["times"]) == 1
@@ -76,12 +89,12 @@ def test_a_sharded_checkpoint_reads_back_into_a_fresh_group(tmp_path, kind, zero
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("kind", ["fsdp", "zero3"])
-def test_no_rank_loads_the_whole_model_and_the_sharded_reference_agrees(tmp_path, kind, zero3):
+def test_no_rank_loads_the_whole_model_and_the_sharded_reference_agrees(tmp_path, kind, zero3, plain_torch):
     """The learner's own loading (`engines.load_engine`). FSDP2: every rank builds the model on the meta
     device and takes its shards from rank 0, the only one that reads the weights (rank 1 fails if it
     tries). ZeRO-3: each rank loads its partitions only (a rank fails if it loads a whole tensor). The
     KL reference is sharded the same way, and the update is plain torch's."""
-    reference = train(tmp_path, "torch", 1, "--kl", "0.1")
+    reference = plain_torch("--kl", "0.1")
     two = train(tmp_path, zero3 if kind == "zero3" else "fsdp", 2, "--kl", "0.1",
                 "--model-dir", str(tmp_path / "model"))
     assert two["engine"] == ("DeepSpeedEngine" if kind == "zero3" else "FSDPEngine") and two["world"] == 2
