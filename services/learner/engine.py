@@ -53,7 +53,7 @@ class Engine:
         """Updates taken (one optimizer step each), restored from a checkpoint."""
         self.reference = None
         if config.kl_beta > 0 and not is_lora(model):
-            self.reference = reference or copy.deepcopy(model).eval().requires_grad_(False)
+            self.reference = reference if reference is not None else copy.deepcopy(model).eval().requires_grad_(False)
         self.model = model
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.rank = dist.get_rank() if dist.is_initialized() else 0

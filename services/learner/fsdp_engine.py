@@ -47,9 +47,9 @@ def take_from_rank0(module: torch.nn.Module, source: torch.nn.Module | None, dev
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    module.to_empty(device=device)
     if (source is not None) != (dist.get_rank() == 0):
         raise ValueError("rank 0, and only rank 0, gives the weights (source)")
+    module.to_empty(device=device)
     set_model_state_dict(module, source.state_dict() if source is not None else {},
                          options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
     buffers = dict(source.named_buffers()) if source is not None else {}

@@ -103,7 +103,10 @@ def main() -> None:
         dist.init_process_group("gloo")
     config = dict(lr=1e-3, micro_batch_size=args.micro_batch, shared_prefix=args.packed, lora_rank=args.lora,
                   gradient_checkpointing=args.checkpointing, kl_beta=args.kl)
-    engine = loaded_engine(args.engine, args.model_dir, config, ranks) if args.model_dir else engine_for(args.engine, config)
+    if args.model_dir:
+        engine = loaded_engine(args.engine, args.model_dir, config, ranks)
+    else:
+        engine = engine_for(args.engine, config)
     out = {"engine": type(engine).__name__, "world": ranks.world_size, "reloaded": None}
     if ranks.driver:  # rank 0 drives, as the learner service does
         driver = Driver(engine)
