@@ -1,7 +1,8 @@
 """`coevolve run --preset smoke --set learner.world_size=2`: the learner trains on two torchrun ranks (FSDP2,
 gloo) while rank 0 rolls out on one local `vllm serve` (the in-process engine cannot share the ranks'
 process group); interrupted after its first step and resumed, every step and trajectory is published
-once and the summary says `world_size: 2`."""
+once, the resumed learner pushes its checkpoint's weights (gathered from both ranks) to its new server
+through the weight transfer, and the summary says `world_size: 2`."""
 import json
 import signal
 import subprocess
@@ -50,6 +51,11 @@ def test_smoke_on_two_ranks_interrupted_and_resumed_publishes_every_step_once(tm
     assert per_step == {s: 2 * 4 for s in range(1, STEPS + 1)}  # the preset's B x K
     trained = [s for s in events["StepCompleted"] if s["loss"] is not None]
     assert len(events.get("PolicyUpdated", [])) == len(trained) == summary["weight_updates"]["count"]
+    # every push, the resumed learner's reload of its checkpoint included, gathers the two ranks' shards and
+    # reaches the server through the weight transfer
+    servers = (tmp_path / "runs" / "ranks-e2e" / "learner" / "servers").glob("*.log")
+    finished = sum(log.read_text().count('"POST /finish_weight_update HTTP/1.1" 200') for log in servers)
+    assert finished == len(trained) + 1
     logs = (tmp_path / "logs" / "learner.log").read_text()
     assert logs.count('"learner.rank_ready"') >= 2  # rank 1 of the first session and of the resumed one
     assert all(json.loads(line).get("slowest_rank") in (0, 1) for line in logs.splitlines()
