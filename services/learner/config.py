@@ -102,10 +102,15 @@ def read_deepspeed_config(path: str) -> dict:
         raise ConfigError(f"deepspeed_config {path!r} is not valid JSON: {err}") from None
     if not isinstance(config, dict):
         raise ConfigError(f"deepspeed_config {path!r} must hold a JSON object")
-    stage = config.get("zero_optimization", {}).get("stage", 0)
+    stage = zero_stage(config)
     if stage not in (0, 1, 2, 3):
         raise ConfigError(f"ZeRO stage {stage!r} in {path!r} is not a ZeRO stage; use 0, 1, 2 or 3")
     return config
+
+
+def zero_stage(settings: dict) -> int:
+    """The ZeRO stage a DeepSpeed config names (0 without a `zero_optimization` section)."""
+    return settings.get("zero_optimization", {}).get("stage", 0)
 
 
 @dataclass(frozen=True)

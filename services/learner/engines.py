@@ -5,7 +5,7 @@ import torch
 import torch.distributed as dist
 
 from coevolve.services.learner import packing
-from coevolve.services.learner.config import GRPOConfig, read_deepspeed_config
+from coevolve.services.learner.config import GRPOConfig, read_deepspeed_config, zero_stage
 from coevolve.services.learner.engine import Engine, TorchEngine
 from coevolve.services.learner.lora import add_lora
 
@@ -54,7 +54,7 @@ def load_engine(model_dir: str, config: GRPOConfig, pad_id: int, seed: int, devi
 
     torch.manual_seed(seed)
     several = dist.is_initialized() and dist.get_world_size() > 1
-    if several and config.deepspeed_config and zero_stage(config) == 3:
+    if several and config.deepspeed_config and zero_stage(read_deepspeed_config(config.deepspeed_config)) == 3:
         return _zero3_engine(model_dir, config, pad_id, device)
     if config.deepspeed_config or not several:
         policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
@@ -67,10 +67,6 @@ def load_engine(model_dir: str, config: GRPOConfig, pad_id: int, seed: int, devi
     with torch.device("meta"):
         policy = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=torch.float32)
     return FSDPEngine(prepare_policy(policy, config), config, pad_id, source=source, device=device)
-
-
-def zero_stage(config: GRPOConfig) -> int:
-    return read_deepspeed_config(config.deepspeed_config).get("zero_optimization", {}).get("stage", 0)
 
 
 def _zero3_engine(model_dir: str, config: GRPOConfig, pad_id: int, device: torch.device) -> Engine:
