@@ -9,7 +9,7 @@ runs `follow`, which waits for rank 0's next command and does its part of it:
     update(batch)   every rank gets the whole batch and trains its share (`assign`), gradients reduced
     params          the full weights, gathered once for the push (rank 0 sends them, the others help gather)
     save / load     the sharded checkpoint, each rank its own shard
-    stop            leave the loop
+    stop            leave the loop, once every rank has it (`release`)
 
 `Driver` is the engine rank 0 uses: the same methods as an `Engine`, each announcing its command to
 the other ranks first, so every rank enters the same collectives in the same order. One reader and one
@@ -18,6 +18,7 @@ the weights, so rollouts stay where they are generated and only the batch travel
 """
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import time
@@ -75,9 +76,11 @@ rollouts and evaluation. The learner's /healthz calls a step stale after the sam
 
 def init_group(ranks: Ranks) -> None:
     """Join the process group: NCCL on GPUs, gloo on CPUs. Under torchrun a rank also dies with its launcher
-    (PR_SET_PDEATHSIG), so a killed launcher leaves no rank behind holding a collective open."""
+    (PR_SET_PDEATHSIG), so a killed launcher leaves no rank behind holding a collective open. A rank that
+    aborts in native code (SIGABRT, SIGSEGV) prints every thread's Python stack first (faulthandler)."""
     if dist.is_initialized() or not ranks.many:
         return
+    faulthandler.enable(all_threads=True)
     store = None
     if "TORCHELASTIC_RUN_ID" in os.environ:
         import ctypes
@@ -130,6 +133,13 @@ def assign(parts: Sequence[Sequence[int]], tokens: Sequence[int], world: int) ->
         owner[i] = rank
         load[rank] += sum(tokens[j] for j in parts[i])
     return [[i for i in range(len(parts)) if owner[i] == rank] for rank in range(world)]
+
+
+def release() -> None:
+    """Rank 0: let the other ranks leave `follow`, and wait until each has left (a barrier), so no rank
+    closes its connections while another still reads from them."""
+    share(("stop", None))
+    complete()
 
 
 def rank_times(own: dict[str, float]) -> list[dict[str, float]]:
@@ -211,7 +221,7 @@ class Driver:
     def close(self) -> None:
         """Release the other ranks (`follow` returns) and leave the group."""
         if not self.broken and dist.is_initialized():
-            share(("stop", None))
+            release()
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -222,6 +232,7 @@ def follow(engine: Any, on_update=None) -> None:
     while True:
         command, arg = share()
         if command == "stop":
+            complete()  # rank 0's `release`
             return
         if command == "update":
             metrics = engine.update(arg)

@@ -19,7 +19,7 @@ from coevolve.services.learner.batch import TrainSequence
 from coevolve.services.learner.config import GRPOConfig
 from coevolve.services.learner.engines import build_engine, load_engine, prepare_policy
 from coevolve.services.learner import checkpoint as ckpt
-from coevolve.services.learner.ranks import Driver, Ranks, follow, init_group, share
+from coevolve.services.learner.ranks import Driver, Ranks, follow, init_group, release
 from coevolve.services.learner.shapes import random_llama
 
 SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, vocab_size=256)
@@ -117,7 +117,7 @@ def main() -> None:
         if args.checkpoint:
             ckpt.save_checkpoint(args.checkpoint, driver, step=1, run_id="r", policy_version=1, sampler={},
                                  config={})
-            share(("stop", None))  # the group stays for the fresh engine below
+            release()  # the group stays for the fresh engine below
         else:
             driver.close()
     else:
