@@ -136,8 +136,8 @@ def assign(parts: Sequence[Sequence[int]], tokens: Sequence[int], world: int) ->
 
 
 def release() -> None:
-    """Rank 0: let the other ranks leave `follow`, and wait until each has left (a barrier), so no rank
-    closes its connections while another still reads from them."""
+    """Rank 0: tell the other ranks to leave `follow`, then meet them at a barrier, so no rank closes its
+    connections while another still reads the stop."""
     share(("stop", None))
     complete()
 
