@@ -106,14 +106,16 @@ def ancestors(pid: int) -> list[str]:
     return chain
 
 
-def kill_rank_1_after_a_step(bootstrap: str, tmp_path: Path, steps: int, **env: str) -> tuple[int, str, dict]:
-    """Run the learner, SIGKILL rank 1 once a step is published: the exit code, the output, the first ranks."""
+def kill_rank_1_after_a_step(bootstrap: str, tmp_path: Path, steps: int, timeout: int,
+                             **env: str) -> tuple[int, str, dict]:
+    """Run the learner, SIGKILL rank 1 once a step is published: the exit code within `timeout` seconds, the
+    output, the first ranks."""
     child = subprocess.Popen(command(bootstrap, tmp_path, "--steps", str(steps)), env=environment(**env),
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wait_for_step(bootstrap, child)
     ranks = rank_pids(child.pid)
     os.kill(ranks[1], signal.SIGKILL)
-    out, _ = child.communicate(timeout=600)
+    out, _ = child.communicate(timeout=timeout)
     return child.returncode, out, ranks
 
 
@@ -160,7 +162,7 @@ def test_two_ranks_stop_together_resume_at_the_next_step_and_refuse_another_worl
 
 @pytest.mark.timeout(900)
 def test_a_killed_rank_stops_the_group_with_its_name_and_resume_continues(bootstrap, tmp_path):
-    code, out, ranks = kill_rank_1_after_a_step(bootstrap, tmp_path, steps=50)
+    code, out, ranks = kill_rank_1_after_a_step(bootstrap, tmp_path, steps=50, timeout=240)
     assert code == 1, out[-4000:]
     failed = [json.loads(line) for line in out.splitlines() if '"learner.rank_failed"' in line]
     assert failed and failed[0]["rank"] == 1 and failed[0]["how"] == "killed by SIGKILL", out[-4000:]
@@ -180,7 +182,8 @@ def test_with_max_restarts_torchrun_restarts_the_group_and_the_run_completes(boo
     """`learner.max_restarts = 1`: a rank killed mid-run makes torchrun restart the whole group, whose
     rank 0 resumes from the latest checkpoint or the journal; the run ends as if nothing happened."""
     target = 3
-    code, out, first = kill_rank_1_after_a_step(bootstrap, tmp_path, steps=target, LEARNER_MAX_RESTARTS="1")
+    code, out, first = kill_rank_1_after_a_step(bootstrap, tmp_path, steps=target, timeout=600,
+                                                LEARNER_MAX_RESTARTS="1")
     assert code == 0, out[-4000:]
     assert f"completed step {target} of {target}" in out
     started = [json.loads(line) for line in out.splitlines() if '"learner.started"' in line]
