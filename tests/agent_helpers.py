@@ -74,6 +74,7 @@ class ScriptedBackend:
                                   logprobs=tuple(self.logprob(i) for i in range(len(ids))),
                                   finish_reason=reason, policy_version=self.version))
         self.completions.extend(out)
+        self.stats.count(out, 0.0)
         return out
 
     def update_weights(self, named_tensors, version=None) -> int:

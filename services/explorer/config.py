@@ -13,7 +13,7 @@ from coevolve.services.agent.config import BackendConfig, EpisodeLimits, Generat
 from coevolve.services.envs.config import SeedPoolConfig
 from coevolve.services.runtime.config import ConfigError, ConsumerConfig, Settings, doc
 
-STRATEGIES = ("signal-guided", "random", "static")
+STRATEGIES = ("signal-guided", "random", "random-calls", "static")
 FALLBACK = "random-fallback"  # the strategy recorded for a period's fallback exploration
 KINDS = ("forgetting", "boundary", "rare")
 
@@ -22,9 +22,11 @@ KINDS = ("forgetting", "boundary", "rare")
 class ExplorerConfig:
     """What the explorer explores, how much, and how."""
 
-    strategy: str = doc("signal-guided", "signal-guided (reflect on each signal, then explore), random (random "
-                                         "valid tool calls, no signal read) or static (static_tasks seed tasks "
-                                         "explored once at start, nothing after): the paper's ablations.")
+    strategy: str = doc("signal-guided", "signal-guided (reflect on each signal, then the model explores under "
+                                         "that context), random (the same model and constrained calls on random "
+                                         "seed tasks, no signal read: the paper's random exploration), "
+                                         "random-calls (random valid calls, no model) or static (static_tasks "
+                                         "seed tasks explored once at start, nothing after).")
     signal_kinds: str = doc("forgetting,boundary,rare", "Signal kinds explored, comma-separated; any subset "
                                                         "runs the paper's per-signal ablations.")
     signals_per_step: int = doc(4, "Signal clusters explored at each exploration point; the rest are "
@@ -40,7 +42,10 @@ class ExplorerConfig:
     runs: int = doc(3, "R: independent exploration runs (rounds) per cluster.")
     calls_per_run: int = doc(8, "S: most tool calls in one exploration run.")
     random_seed: int = doc(0, "Seed of the random strategy; the same seed gives the same calls.")
-    parse_attempts: int = doc(3, "Model answers tried per reflection before the signal is dead-lettered.")
+    parse_attempts: int = doc(3, "Model answers tried per reflection (before the signal is dead-lettered) and "
+                                 "per exploration call (before the run ends).")
+    replay_failure: bool = doc(True, "A forgetting or boundary cluster's first run replays the failing rollout's "
+                                     "calls up to its first failing one, so the model acts where it went wrong.")
     static_tasks: int = doc(4, "static: seed train tasks explored by random valid calls once, when the service "
                                "starts (recorded at step 0 as strategy static).")
     fallback_tasks: int = doc(0, "When a period's exploration finds no call that succeeds (no signal explored, "
@@ -88,11 +93,15 @@ class ExplorerServiceConfig(ConsumerConfig):
 
 class ExplorerSettings(Settings):
     """Everything `coevolve explorer` reads. The seed pool (categories, seed_tasks) is the one the
-    random and static strategies and the fallback explore: set it as the learner's. `limits` bound each
-    exploration run's context and list its tools (tool_docs: under run.shared_policy, the learner's)."""
+    random strategies and the fallback explore: set it as the learner's. `limits` say how exploration
+    prompts list the tools (tool_docs: under run.shared_policy, the learner's)."""
 
-    refused: ClassVar[dict[str, str]] = {"max_user_turns": "an exploration run is one user turn",
-                                         "max_calls_per_turn": "calls_per_run bounds an exploration run's calls"}
+    refused: ClassVar[dict[str, str]] = {
+        "max_user_turns": "an exploration run is one user turn",
+        "max_calls_per_turn": "calls_per_run bounds an exploration run's calls",
+        "max_context_tokens": "an exploration call's prompt is rebuilt for each call from clipped observations, "
+                              "within the model's max_model_len",
+        "max_backend_errors": "a call whose answers fail parse_attempts times ends its run"}
 
     explorer: ExplorerConfig
     service: ExplorerServiceConfig

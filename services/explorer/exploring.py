@@ -3,26 +3,35 @@
 No Kafka here: `explore_plan` returns the events to publish and the clusters to dead-letter, and the
 service publishes them. Budgets (runs, tokens, wall time per period) are checked before each cluster,
 so a cluster is either explored whole or counted as skipped for the budget.
+
+Where a signal points (`subject_task`): a forgetting or boundary signal names its task, a BFCL task or
+one the loop validated (the `TaskCatalog` resolves both); a rare signal names a pattern, so it goes to
+the first task of its evidence that resolves, else to the first seed task whose tools include the
+pattern's calls. Only an id that resolves nowhere is dead-lettered `no_task`.
+
+The strategies (`ExplorerConfig.strategy`): `signal-guided` reflects on each signal and acts under the
+context; `random` is the paper's baseline, the same model and the same constrained calls on random
+seed tasks with no signal read; `random-calls` draws random valid calls, no model at all (also the
+fallback, recorded as `random-fallback`); `static` explores once at start.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from coevolve.services.agent.config import EpisodeLimits, SamplingConfig
-from coevolve.services.agent.episodes import run_episodes
 from coevolve.services.agent.structured import StructuredOutputError, generate_json
 from coevolve.services.envs import bfcl_data
 from coevolve.services.envs.base import Task
+from coevolve.services.envs.catalog import TaskCatalog
+from coevolve.services.explorer.acting import Start, act, replay_prefix
 from coevolve.services.explorer.config import FALLBACK, ExplorerConfig
 from coevolve.services.explorer.planning import Cluster, Plan, pick_random_tasks
 from coevolve.services.explorer.random_strategy import ExplorationRun, explore_randomly, is_error_observation
 from coevolve.services.explorer.records import exploration_record
-from coevolve.services.explorer.reflection import (context_schema, exploration_task, parse_context,
-                                                   reflection_messages)
+from coevolve.services.explorer.reflection import context_schema, parse_context, reflection_messages
 
 
 @dataclass(frozen=True)
@@ -46,6 +55,10 @@ class Outcome:
     runs: int = 0
     calls: int = 0
     tokens: int = 0
+    unusable: int = 0
+    """Model answers that never fit the call schema (each ends its run)."""
+    replayed: int = 0
+    """Calls replayed from failing rollouts before the model acted."""
     fell_back: bool = False
     """Whether the fallback explored (no signal was)."""
 
@@ -66,45 +79,111 @@ def reflect(backend, cluster: Cluster, task: Task, sampling: SamplingConfig, att
     return (parsed.value, "") if parsed.ok else (None, f"unusable reflection: {parsed.reason}")
 
 
-def explore_guided(backend, task: Task, context: dict, config: ExplorerConfig, sampling: SamplingConfig,
-                   limits: EpisodeLimits) -> tuple[list[ExplorationRun], int]:
-    """R runs of the agent under the context, each up to S calls; the runs and the tokens spent."""
-    limits = dataclasses.replace(limits, max_user_turns=1, max_calls_per_turn=config.calls_per_run)
-    episodes = run_episodes([exploration_task(task, context)] * config.runs, "bfcl", backend, sampling, limits)
-    runs = [ExplorationRun.from_actions(task.task_id, r, e.actions[:config.calls_per_run])
-            for r, e in enumerate(episodes)]
-    return runs, sum(e.prompt_tokens + e.completion_tokens for e in episodes)
+def subject_task(cluster: Cluster, catalog: TaskCatalog, seed_ids: Sequence[str]) -> Task:
+    """The task a cluster's exploration starts from; KeyError (with where it looked) when none resolves."""
+    signal = cluster.primary
+    if signal.kind != "rare":
+        return catalog.get(signal.task_id or "")
+    evidence = signal.record.get("evidence") or {}
+    named = list(evidence.get("task_ids") or []) + [t["task_id"] for t in evidence.get("trajectories") or []]
+    for task_id in dict.fromkeys(named):
+        try:
+            return catalog.get(task_id)
+        except KeyError:
+            continue
+    pattern = set(signal.record.get("pattern") or ())
+    for task_id in seed_ids:
+        task = catalog.get(task_id)
+        if pattern <= {t["function"]["name"] for t in bfcl_data.tools_at(task, len(task.turns) - 1)}:
+            return task
+    raise KeyError(f"rare signal on {' > '.join(sorted(pattern))}: none of its evidence tasks "
+                   f"({', '.join(named) or 'none'}) resolves and no seed task has those tools")
+
+
+def failing_prefix(cluster: Cluster, task_id: str) -> tuple:
+    """The calls of the cluster's lowest-scoring rollout of the task, up to where it went wrong."""
+    rollouts = [t for s in cluster.signals if s.kind != "rare"
+                for t in (s.record.get("evidence") or {}).get("trajectories") or [] if t["task_id"] == task_id]
+    if not rollouts:
+        return ()
+    return replay_prefix(min(rollouts, key=lambda t: t["score"]).get("actions") or [])
+
+
+def guidance(context: dict) -> tuple[str, ...]:
+    """The reflection's context as prompt lines."""
+    location = context["location"]
+    where = f"tools {', '.join(location['tools'])} of {', '.join(location['classes'])}"
+    if location.get("state"):
+        where += f"; state: {location['state']}"
+    return ("An agent fails here. What failed: " + context["failure"], f"Where: {where}.",
+            "Explore that: try", *(f"- {item}" for item in context["to_try"]))
+
+
+def guided_starts(cluster: Cluster, task: Task, context: dict, runs: int, replay: bool) -> list[Start]:
+    """R runs under the context; with `replay`, round 0 first replays the failing rollout to its failure."""
+    lines, focus = guidance(context), tuple(context["location"]["tools"])
+    prefix = failing_prefix(cluster, task.task_id) if replay else ()
+    return [Start(task, r, lines, focus, prefix if r == 0 else ()) for r in range(runs)]
 
 
 def _guided(plan: Plan, backend, config: ExplorerConfig, sampling: SamplingConfig, budget: Budget,
-            limits: EpisodeLimits, model: str, out: Outcome, json_sampling: SamplingConfig) -> None:
+            model: str, out: Outcome, json_sampling: SamplingConfig, catalog: TaskCatalog,
+            seed_ids: Sequence[str], tool_docs: str) -> None:
     started = time.monotonic()
     for cluster in plan.chosen:
         if _spent(out, budget, config, started):
             out.over_budget += len(cluster.signals)
             continue
         try:
-            task = bfcl_data.get_task(cluster.task_id or "")
+            task = subject_task(cluster, catalog, seed_ids)
         except KeyError as exc:
             out.rejected.append((cluster, "no_task", f"no task to explore: {exc.args[0]}"))
             continue
+        before = _tokens(backend)
         context, reason = reflect(backend, cluster, task, json_sampling, config.parse_attempts)
+        out.tokens += _tokens(backend) - before
         if context is None:
             out.rejected.append((cluster, "unparseable_reflection", reason))
             continue
-        runs, tokens = explore_guided(backend, task, context, config, sampling, limits)
-        out.tokens += tokens
-        _record(out, runs, plan, cluster, context, "signal-guided", model)
+        acted = act(backend, guided_starts(cluster, task, context, config.runs, config.replay_failure),
+                    config.calls_per_run, sampling, config.parse_attempts, tool_docs)
+        _take(out, acted)
+        _record(out, acted.runs, plan, cluster, context, "signal-guided", model)
 
 
-def _random(plan: Plan, config: ExplorerConfig, budget: Budget, task_ids: list[str], out: Outcome,
-            count: int, strategy: str) -> None:
+def _unguided(plan: Plan, backend, config: ExplorerConfig, sampling: SamplingConfig, budget: Budget,
+              model: str, out: Outcome, catalog: TaskCatalog, seed_ids: Sequence[str], tool_docs: str) -> None:
+    """The `random` baseline: the model acts on random seed tasks, with no signal and no context."""
     started = time.monotonic()
-    picked = pick_random_tasks(task_ids, count, plan.run_id, plan.last_step, config.random_seed)
+    for task_id in pick_random_tasks(seed_ids, config.signals_per_step, plan.run_id, plan.last_step,
+                                     config.random_seed):
+        if _spent(out, budget, config, started):
+            break
+        task = catalog.get(task_id)
+        acted = act(backend, [Start(task, r) for r in range(config.runs)], config.calls_per_run, sampling,
+                    config.parse_attempts, tool_docs)
+        _take(out, acted)
+        _record(out, acted.runs, plan, None, None, "random", model)
+
+
+def _tokens(backend) -> int:
+    return backend.stats.prompt_tokens + backend.stats.completion_tokens
+
+
+def _take(out: Outcome, acted) -> None:
+    out.tokens += acted.tokens
+    out.unusable += acted.unusable
+    out.replayed += acted.replayed
+
+
+def _random_calls(plan: Plan, config: ExplorerConfig, budget: Budget, catalog: TaskCatalog,
+                  seed_ids: Sequence[str], out: Outcome, count: int, strategy: str) -> None:
+    started = time.monotonic()
+    picked = pick_random_tasks(seed_ids, count, plan.run_id, plan.last_step, config.random_seed)
     for task_id in picked:
         if _spent(out, budget, config, started):
             break
-        runs = explore_randomly(bfcl_data.get_task(task_id), config.runs, config.calls_per_run, config.random_seed)
+        runs = explore_randomly(catalog.get(task_id), config.runs, config.calls_per_run, config.random_seed)
         _record(out, runs, plan, None, None, strategy, "")
 
 
@@ -119,32 +198,36 @@ def _record(out: Outcome, runs: list[ExplorationRun], plan: Plan, cluster: Clust
 
 
 def explore_plan(plan: Plan, backend, config: ExplorerConfig, sampling: SamplingConfig, budget: Budget,
-                 model: str, task_ids: list[str], limits: EpisodeLimits | None = None,
-                 json_sampling: SamplingConfig | None = None) -> Outcome:
-    """Explore one closed period by the configured strategy (`limits` bound each run's context, and
-    reflections use `json_sampling`, by default `sampling`); when that finds no call that succeeds
-    (nothing explored, or only failing calls), also `fallback_tasks` seed tasks by the random strategy
-    (`random-fallback`), so the validator has something to build a task from."""
+                 model: str, seed_ids: list[str], catalog: TaskCatalog | None = None,
+                 limits: EpisodeLimits | None = None, json_sampling: SamplingConfig | None = None) -> Outcome:
+    """Explore one closed period by the configured strategy (reflections use `json_sampling`, by
+    default `sampling`; prompts list the tools as `limits.tool_docs` says). When that finds no call
+    that succeeds (nothing explored, or only failing calls), also explore `fallback_tasks` seed tasks by
+    random valid calls (`random-fallback`), so the validator has something to build a task from."""
     out = Outcome()
+    catalog = catalog or TaskCatalog()
+    tool_docs = (limits or EpisodeLimits()).tool_docs
     if config.strategy == "static":  # explored once at start (`explore_static`), nothing during training
         return out
     if config.strategy == "random" and plan.gathered:
-        _random(plan, config, budget, task_ids, out, config.signals_per_step, "random")
-    elif config.strategy != "random":
-        _guided(plan, backend, config, sampling, budget, limits or EpisodeLimits(), model, out,
-                json_sampling or sampling)
+        _unguided(plan, backend, config, sampling, budget, model, out, catalog, seed_ids, tool_docs)
+    elif config.strategy == "random-calls" and plan.gathered:
+        _random_calls(plan, config, budget, catalog, seed_ids, out, config.signals_per_step, "random-calls")
+    elif config.strategy == "signal-guided":
+        _guided(plan, backend, config, sampling, budget, model, out, json_sampling or sampling, catalog, seed_ids,
+                tool_docs)
     if config.fallback_tasks and not _found(out.records):
         explored = len(out.records)
-        _random(plan, config, budget, task_ids, out, config.fallback_tasks, FALLBACK)
+        _random_calls(plan, config, budget, catalog, seed_ids, out, config.fallback_tasks, FALLBACK)
         out.fell_back = len(out.records) > explored
     return out
 
 
-def explore_static(plan: Plan, config: ExplorerConfig, budget: Budget, task_ids: list[str]) -> Outcome:
+def explore_static(plan: Plan, config: ExplorerConfig, budget: Budget, seed_ids: list[str]) -> Outcome:
     """The static strategy's one exploration: `static_tasks` seed tasks by random valid calls, chosen and
     called alike on every start (the ids repeat, so a restarted explorer publishes nothing new)."""
     out = Outcome()
-    _random(plan, config, budget, task_ids, out, config.static_tasks, "static")
+    _random_calls(plan, config, budget, TaskCatalog(), seed_ids, out, config.static_tasks, "static")
     return out
 
 

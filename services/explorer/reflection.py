@@ -117,18 +117,3 @@ def reflection_messages(cluster: Cluster, task: Task) -> list[dict[str, str]]:
 def parse_context(text: str, task: Task) -> Parsed:
     """The exploration context in a model answer, checked against the task's `context_schema`."""
     return parse_structured(text, context_schema(task))
-
-
-def exploration_task(task: Task, context: Mapping[str, Any]) -> Task:
-    """An unscored one-turn task that asks the agent to explore under `context`, from the task's state.
-
-    The agent runtime runs it like any task; the episode's calls and observations become the tuples.
-    """
-    location = context["location"]
-    lines = [f"Explore this environment to learn where an agent fails. What failed: {context['failure']}",
-             f"Where: tools {', '.join(location['tools'])} of {', '.join(location['classes'])}"
-             + (f"; state: {location['state']}" if location.get("state") else "") + ".",
-             "Try, one call at a time, reading each result before the next call:"]
-    lines.extend(f"- {item}" for item in context["to_try"])
-    return Task(task_id=task.task_id, turns=("\n".join(lines),), initial_state=task.initial_state,
-                involved_classes=task.involved_classes, long_context=task.long_context, env=task.env)

@@ -7,6 +7,9 @@ group (`EventConsumer.working`). The explorations are published and confirmed, a
 reflection never parsed goes to the dead-letter topic with the reason, and only then are the offsets
 committed, and only while no period is open: a crash re-delivers what was not yet explored, and the
 deterministic exploration ids let consumers drop what was published twice.
+
+A signal may name a task the loop made: the explorer keeps the catalog of validated tasks (`TaskCatalog`,
+read from `coevolve.tasks` at start and again whenever a signal names an id it does not know).
 """
 from __future__ import annotations
 
@@ -16,12 +19,13 @@ import time
 from prometheus_client import Counter
 
 from coevolve.services.agent.config import SamplingConfig
+from coevolve.services.envs.catalog import TaskCatalog
 from coevolve.services.explorer.config import ExplorerServiceConfig, ExplorerSettings
 from coevolve.services.explorer.exploring import Budget, Outcome, explore_plan, explore_static
 from coevolve.services.explorer.planning import Plan, SignalBuffer
 from coevolve.services.kafka.consumer import EventConsumer
 from coevolve.services.kafka.producer import EventProducer
-from coevolve.services.kafka.topics import EXPLORATIONS, SIGNALS, STEPS
+from coevolve.services.kafka.topics import EXPLORATIONS, SIGNALS, STEPS, TASKS
 from coevolve.services.runtime.service import Service
 
 
@@ -42,7 +46,8 @@ class Explorer(Service):
         self.budget = Budget(cfg.max_runs_per_period, cfg.max_tokens_per_period, cfg.max_seconds_per_period)
         self.limits = settings.limits
         self.delivered: dict = {}
-        self.backend = self.consumer = self.producer = None
+        self.backend = self.consumer = self.producer = self.catalog_reader = None
+        self.catalog = TaskCatalog()
         self.task_ids: list[str] = []
         self.uncommitted = 0
         self.last_event = time.monotonic()
@@ -59,7 +64,9 @@ class Explorer(Service):
         self.m_dead = counter("dead_letters", "Clusters dead-lettered (reflection unparseable or no task).")
         self.m_runs = counter("runs", "Exploration runs made.")
         self.m_calls = counter("calls", "Tool calls made in exploration runs.")
-        self.m_tokens = counter("tokens", "Tokens (prompt and completion) of exploration episodes.")
+        self.m_tokens = counter("tokens", "Tokens (prompt and completion) of reflections and exploration calls.")
+        self.m_unusable = counter("unusable_calls", "Model answers that never fit the call schema (each ends "
+                                  "its exploration run).")
         self.m_plans = counter("periods", "Periods closed and explored, by what closed them.", ["closed_by"])
         self.m_fallbacks = counter("fallbacks", "Periods that explored fallback_tasks seed tasks because no "
                                    "signal was explored.")
@@ -72,13 +79,17 @@ class Explorer(Service):
 
         cfg = self.cfg
         self.task_ids = [t.task_id for t in self.seeds.tasks()]
-        if self.core.strategy == "signal-guided":  # the random and static strategies read no model
+        if self.core.strategy in ("signal-guided", "random"):  # random-calls and static read no model
             self.backend = make_backend(self.backend_cfg)
+        self.catalog_reader = EventConsumer(cfg.kafka_bootstrap, [TASKS.name], service="explorer-catalog")
+        self.catalog = TaskCatalog(self.catalog_reader)
+        self.catalog.refresh()
         self.producer = EventProducer(cfg.kafka_bootstrap, client_id="coevolve-explorer")
         self.consumer = EventConsumer(cfg.kafka_bootstrap, [SIGNALS.name, STEPS.name], group_id=cfg.group(self.name),
                                       service="explorer", deadletters=self.producer)
         self.log.info("explorer.started", bootstrap=cfg.kafka_bootstrap, strategy=self.core.strategy,
-                      model=self.backend_cfg.model, backend=self.backend_cfg.backend)
+                      model=self.backend_cfg.model, backend=self.backend_cfg.backend,
+                      validated_tasks=len(self.catalog))
         if self.core.strategy == "static":
             self._publish([self._explore(Plan(cfg.run_id, 0, 0, (), 0, 0, "start"))])
         self.last_event = time.monotonic()
@@ -124,16 +135,17 @@ class Explorer(Service):
             out = explore_static(plan, self.core, self.budget, self.task_ids)
         else:
             out = explore_plan(plan, self.backend, self.core, self.sampling, self.budget, model, self.task_ids,
-                               self.limits, json_sampling=self.json_sampling)
+                               self.catalog, self.limits, json_sampling=self.json_sampling)
         self.m_skipped.labels("budget").inc(out.over_budget)
         self.m_runs.inc(out.runs)
         self.m_calls.inc(out.calls)
         self.m_tokens.inc(out.tokens)
+        self.m_unusable.inc(out.unusable)
         self.m_fallbacks.inc(out.fell_back)
         self.log.info("explorer.period", run_id=plan.run_id, steps=[plan.first_step, plan.last_step],
                       closed_by=plan.closed_by, clusters=len(plan.chosen), skipped=plan.skipped,
                       explorations=len(out.records), dead_lettered=len(out.rejected), tokens=out.tokens,
-                      fell_back=out.fell_back)
+                      calls=out.calls, replayed=out.replayed, unusable=out.unusable, fell_back=out.fell_back)
         return out
 
     def _publish(self, outcomes: list[Outcome]) -> None:
@@ -156,6 +168,6 @@ class Explorer(Service):
         return self.consumer.commit()
 
     def finish(self) -> None:
-        for closable in (self.consumer, self.producer, self.backend):
+        for closable in (self.consumer, self.catalog_reader, self.producer, self.backend):
             if closable is not None:
                 closable.close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from coevolve.services.agent.config import EpisodeLimits, SamplingConfig
 from coevolve.services.agent.episodes import run_episodes
@@ -62,16 +62,19 @@ def propose(backend, groups: Sequence[tuple[Sequence[Mapping[str, Any]], Task]],
 
 def check_groups(groups: Sequence[Sequence[Mapping[str, Any]]], backend, index: NoveltyIndex,
                  config: ValidatorConfig, sampling: SamplingConfig, limits: EpisodeLimits,
-                 attempt_sampling: SamplingConfig | None = None, attempts: int = 1) -> list[Checked]:
+                 attempt_sampling: SamplingConfig | None = None, attempts: int = 1,
+                 resolve: Callable[[str], Task] = bfcl_data.get_task) -> list[Checked]:
     """Abstract every group in one batch (with `sampling`), then build and validate each proposed task
     in order, so a task validated first counts as known for the next; the dual pass makes `attempts`
-    attempts with `attempt_sampling` (by default greedy with `sampling`'s token limit)."""
+    attempts with `attempt_sampling` (by default greedy with `sampling`'s token limit). `resolve` finds
+    the explored task (a BFCL task, or with a `TaskCatalog.get` one the loop validated: its child
+    records it as `seed_task_id`, its parent)."""
     attempt_sampling = attempt_sampling or SamplingConfig(temperature=0.0, max_new_tokens=sampling.max_new_tokens)
     results: list[Checked | None] = [None] * len(groups)
     seeded: list[tuple[int, Task]] = []
     for i, group in enumerate(groups):
         try:
-            seeded.append((i, bfcl_data.get_task(str(group[0]["task_id"]))))
+            seeded.append((i, resolve(str(group[0]["task_id"]))))
         except KeyError as exc:
             results[i] = Checked(None, None, "no_seed_task", str(exc.args[0]))
     proposals = propose(backend, [(groups[i], seed) for i, seed in seeded], config, sampling)

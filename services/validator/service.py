@@ -11,7 +11,8 @@ A task is judged once. Its id derives from the group's exploration ids, and at s
 reads every verdict on `coevolve.tasks`: a group redelivered after a crash between publishing and
 committing (or re-emitted upstream) has a verdict already, so it is skipped, not judged again, and no
 second verdict can replace the first under the compacted key. The tasks validated before join the
-novelty index, so a restart keeps rejecting their duplicates.
+novelty index, so a restart keeps rejecting their duplicates, and the task catalog, so an exploration of
+a task the loop made (a signal on a synthesized task) builds a second-generation task from it.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import time
 from prometheus_client import Counter, Gauge
 
 from coevolve.services.agent.config import SamplingConfig
+from coevolve.services.envs.catalog import TaskCatalog
 from coevolve.services.kafka.consumer import EventConsumer
 from coevolve.services.kafka.producer import EventProducer
 from coevolve.services.kafka.topics import EXPLORATIONS, TASKS
@@ -50,7 +52,8 @@ class Validator(Service):
         self.index: NoveltyIndex | None = None
         self.judged: dict[str, str] = {}  # task id -> its verdict, from coevolve.tasks and this process
         self.delivered: dict = {}
-        self.backend = self.consumer = self.producer = None
+        self.backend = self.consumer = self.producer = self.catalog_reader = None
+        self.catalog = TaskCatalog()
         self.uncommitted = 0
         self.last_event = time.monotonic()
         self.checked = self.validated = 0
@@ -90,24 +93,21 @@ class Validator(Service):
 
     def _load_catalog(self) -> int:
         """Add the tasks validated before this start (the compacted coevolve.tasks, read from the
-        beginning without a group) to the novelty index; their count."""
-        from coevolve.services.envs.base import Task
-
-        reader = EventConsumer(self.cfg.kafka_bootstrap, [TASKS.name], service="validator-catalog")
-        try:
-            latest = {str(i.event["task_id"]): i.event for i in reader.read_to_end() if i.name == "TaskChecked"}
-        finally:
-            reader.close()
+        beginning without a group, by a reader kept open for the catalog) to the novelty index and the
+        catalog; their count."""
+        self.catalog_reader = EventConsumer(self.cfg.kafka_bootstrap, [TASKS.name], service="validator-catalog")
+        self.catalog = TaskCatalog(self.catalog_reader)
+        latest = {str(i.event["task_id"]): i.event for i in self.catalog_reader.read_to_end()
+                  if i.name == "TaskChecked"}
         known = 0
         for record in latest.values():  # the last verdict per task, as compaction keeps it
             self.judged[str(record["task_id"])] = str(record["verdict"])
-            if record["verdict"] != "validated":
+            if not self.catalog.add(record):
+                if record["verdict"] == "validated":
+                    self.log.warning("validator.catalog_task_skipped", task_id=record["task_id"],
+                                     error=self.catalog.skipped.get(str(record["task_id"]), ""))
                 continue
-            try:
-                self.index.add(Task.from_record(record))
-            except (ValueError, KeyError, TypeError) as exc:
-                self.log.warning("validator.catalog_task_skipped", task_id=record["task_id"], error=str(exc))
-                continue
+            self.index.add(self.catalog.get(str(record["task_id"])))
             known += 1
         return known
 
@@ -132,7 +132,7 @@ class Validator(Service):
         if ready:
             with self.consumer.working():  # model work outlasts the poll interval; keep the group
                 results = check_groups(ready, self.backend, self.index, self.core, self.sampling, self.limits,
-                                       self.attempt_sampling, self.cfg.attempts)
+                                       self.attempt_sampling, self.cfg.attempts, self.catalog.get)
         self.uncommitted += len(items)
         if self.groups.pending:
             self._publish(ready, results)
@@ -168,6 +168,7 @@ class Validator(Service):
             self.m_proposed.inc()
             self.producer.send(TASKS.name, result.record, key=result.record["task_id"])
             self.judged[str(result.record["task_id"])] = str(result.record["verdict"])
+            self.catalog.add(result.record)
             verdict = result.verdict
             self.log.info("validator.verdict", task_id=result.record["task_id"], verdict=result.record["verdict"],
                           stage=verdict.stages[-1].stage, reason=verdict.reason, score=verdict.score,
@@ -183,6 +184,6 @@ class Validator(Service):
         return self.consumer.commit()
 
     def finish(self) -> None:
-        for closable in (self.consumer, self.producer, self.backend):
+        for closable in (self.consumer, self.catalog_reader, self.producer, self.backend):
             if closable is not None:
                 closable.close()

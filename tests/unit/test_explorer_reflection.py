@@ -6,8 +6,7 @@ import pytest
 
 from coevolve.services.envs import bfcl_data
 from coevolve.services.explorer.planning import Cluster, SignalRef
-from coevolve.services.explorer.reflection import (CONTEXT_SCHEMA, context_schema, exploration_task, parse_context,
-                                                   reflection_messages)
+from coevolve.services.explorer.reflection import CONTEXT_SCHEMA, context_schema, parse_context, reflection_messages
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "reflection"
 TASK = bfcl_data.get_task("multi_turn_base_0")
@@ -69,12 +68,3 @@ def test_a_class_the_task_does_not_involve_is_refused():
     answer = _fixture("valid").replace('"classes": ["GorillaFileSystem"]', '"classes": ["TravelAPI"]')
     assert parse_context(answer, TASK).reason.startswith("the JSON does not fit the schema: at "
                                                          "$.location.classes[0]: 'TravelAPI' is not one of")
-
-
-def test_the_exploration_task_asks_for_exploration_under_the_context_from_the_same_state():
-    context = parse_context(_fixture("valid"), TASK).value
-    task = exploration_task(TASK, context)
-    assert task.task_id == TASK.task_id and task.initial_state == TASK.initial_state and not task.scored
-    assert len(task.turns) == 1 and context["failure"] in task.turns[0]
-    assert "mkdir, mv, cd of GorillaFileSystem; state: workspace/document" in task.turns[0]
-    assert all(f"- {item}" in task.turns[0] for item in context["to_try"])

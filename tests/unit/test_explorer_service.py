@@ -30,34 +30,47 @@ def _plan(config, *signals):
     return plan
 
 
-def _backend(reflection: str):
-    """Reflections (JSON-schema requests) get `reflection`; exploration turns list files, then stop."""
-    def script(request):
-        if request.json_schema is not None:
-            return reflection
-        return "[ls()]" if request.messages[-1]["role"] == "user" else "Done."
-    return ScriptedBackend(byte_tokenizer(), script)
+def _is_reflection(request) -> bool:
+    return "failure" in (request.json_schema.get("properties") or {})
 
 
-def test_a_guided_period_reflects_then_explores_r_runs_with_deterministic_ids():
+def _backend(reflection: str, call: str = '{"name": "ls", "arguments": {}}'):
+    """Reflections get `reflection`, exploration calls `call`."""
+    return ScriptedBackend(byte_tokenizer(), lambda r: reflection if _is_reflection(r) else call)
+
+
+def test_a_guided_period_reflects_then_explores_r_runs_of_s_constrained_calls_with_deterministic_ids():
     config = ExplorerConfig(runs=2, calls_per_run=3)
     plan = _plan(config, boundary_signal("s1"))
     backend = _backend(json.dumps(CONTEXT))
-    out = explore_plan(plan, backend, config, SAMPLING, Budget(), "scripted", [], LIMITS)
-    assert not out.rejected and out.runs == 2 and out.calls == 2 and out.tokens > 0
+    out = explore_plan(plan, backend, config, SAMPLING, Budget(), "scripted", [], limits=LIMITS)
+    assert not out.rejected and out.runs == 2 and out.calls == 6 and out.tokens > 0 and out.unusable == 0
     assert [r["event_id"] for r in out.records] == [exploration_id("s1", 0), exploration_id("s1", 1)]
     record = out.records[0]
     assert json.loads(record["context"]) == CONTEXT and record["strategy"] == "signal-guided"
     assert record["signal_ids"] == ["s1"] and record["task_id"] == "multi_turn_base_0"
-    (item,) = record["tuples"]
-    assert item["name"] == "ls" and not item["observation"].startswith(("Invalid", "Error"))
-    assert "create temp, then move the file" in backend.batches[-1][0].messages[1]["content"]
+    assert [t["name"] for t in record["tuples"]] == ["ls"] * 3
+    assert not any(t["observation"].startswith(("Invalid", "Error")) for t in record["tuples"])
+    calls = [b for b in backend.batches if not _is_reflection(b[0])]
+    assert len(calls) == 3 and all(len(batch) == 2 for batch in calls)  # the R runs step together
+    last = calls[-1][0]
+    assert "create temp, then move the file" in last.messages[1]["content"]
+    assert last.messages[1]["content"].count("ls({}) ->") == 2  # every result goes back to the model
+    names = [option["properties"]["name"]["const"] for option in last.json_schema["anyOf"]]
+    assert names[:2] == ["mkdir", "mv"] and "cat" in names  # the context's tools first, then the task's
+
+
+def test_guided_calls_that_never_fit_the_schema_end_their_run_and_are_counted():
+    config = ExplorerConfig(runs=2, calls_per_run=3, parse_attempts=2)
+    out = explore_plan(_plan(config, boundary_signal("s1")), _backend(json.dumps(CONTEXT), "ls()"), config,
+                       SAMPLING, Budget(), "m", [], limits=LIMITS)
+    assert out.unusable == 2 and out.calls == 0 and [r["tuples"] for r in out.records] == [[], []]
 
 
 def test_an_answer_that_never_parses_is_rejected_with_the_reason_after_every_attempt():
     config = ExplorerConfig(runs=2, parse_attempts=3)
     backend = _backend("The agent should try harder.")
-    out = explore_plan(_plan(config, boundary_signal("s1")), backend, config, SAMPLING, Budget(), "m", [], LIMITS)
+    out = explore_plan(_plan(config, boundary_signal("s1")), backend, config, SAMPLING, Budget(), "m", [], limits=LIMITS)
     assert out.records == [] and len(backend.batches) == 3
     ((cluster, error_type, reason),) = out.rejected
     assert cluster.signal_ids == ["s1"] and error_type == "unparseable_reflection"
@@ -68,7 +81,7 @@ def test_a_context_naming_a_tool_the_task_lacks_is_rejected():
     bad = {**CONTEXT, "location": {"classes": ["GorillaFileSystem"], "tools": ["teleport"]}}
     config = ExplorerConfig(runs=1)
     out = explore_plan(_plan(config, boundary_signal("s1")), _backend(json.dumps(bad)), config, SAMPLING,
-                       Budget(), "m", [], LIMITS)
+                       Budget(), "m", [], limits=LIMITS)
     assert out.records == [] and "$.location.tools[0]: 'teleport' is not one of" in out.rejected[0][2]
 
 
@@ -76,22 +89,39 @@ def test_the_run_budget_skips_the_clusters_it_cannot_afford():
     config = ExplorerConfig(runs=2, calls_per_run=2, signals_per_step=2)
     plan = _plan(config, boundary_signal("s1", task_id="multi_turn_base_0"),
                  boundary_signal("s2", task_id="multi_turn_base_1"))
-    out = explore_plan(plan, _backend(json.dumps(CONTEXT)), config, SAMPLING, Budget(runs=3), "m", [], LIMITS)
+    out = explore_plan(plan, _backend(json.dumps(CONTEXT)), config, SAMPLING, Budget(runs=3), "m", [], limits=LIMITS)
     assert out.runs == 2 and out.over_budget == 1 and len({r["signal_id"] for r in out.records}) == 1
 
 
-def test_the_random_strategy_reads_no_model_and_repeats_its_ids():
-    config = ExplorerConfig(strategy="random", runs=2, calls_per_run=3, signals_per_step=2)
+def test_the_random_arm_is_the_same_model_on_random_seed_tasks_without_any_signal_context():
+    config = ExplorerConfig(strategy="random", runs=2, calls_per_run=2, signals_per_step=2)
     plan = _plan(config, boundary_signal("s1"))
     tasks = ["multi_turn_base_3", "multi_turn_base_5", "multi_turn_base_7"]
-    first = explore_plan(plan, None, config, SAMPLING, Budget(), "", tasks, LIMITS)
-    again = explore_plan(plan, None, config, SAMPLING, Budget(), "", tasks, LIMITS)
+    backend = _backend(json.dumps(CONTEXT))
+    out = explore_plan(plan, backend, config, SAMPLING, Budget(), "smollm2", tasks, limits=LIMITS)
+    assert not any(_is_reflection(batch[0]) for batch in backend.batches)  # no reflection on the signal
+    assert sorted({r["task_id"] for r in out.records}) == sorted(pick_random_tasks(tasks, 2, "r1", 4, 0))
+    for record in out.records:
+        assert record["strategy"] == "random" and record["model"] == "smollm2" and record["context"] == ""
+        assert record["signal_id"] is None and [t["name"] for t in record["tuples"]] == ["ls", "ls"]
+        assert record["event_id"] == exploration_id(random_source_id("r1", 4, record["task_id"]), record["round"])
+    prompts = [r.messages[1]["content"] for batch in backend.batches for r in batch]
+    assert not any("An agent fails here" in p or "mv into a folder" in p for p in prompts)
+
+
+def test_the_random_calls_strategy_reads_no_model_and_repeats_its_ids():
+    config = ExplorerConfig(strategy="random-calls", runs=2, calls_per_run=3, signals_per_step=2)
+    plan = _plan(config, boundary_signal("s1"))
+    tasks = ["multi_turn_base_3", "multi_turn_base_5", "multi_turn_base_7"]
+    first = explore_plan(plan, None, config, SAMPLING, Budget(), "", tasks, limits=LIMITS)
+    again = explore_plan(plan, None, config, SAMPLING, Budget(), "", tasks, limits=LIMITS)
     assert len(first.records) == 4
     assert [(r["event_id"], r["tuples"]) for r in first.records] == [(r["event_id"], r["tuples"]) for r in again.records]
     for record in first.records:
-        assert record["strategy"] == "random" and record["signal_id"] is None and record["context"] == ""
+        assert record["strategy"] == "random-calls" and record["signal_id"] is None and record["context"] == ""
         assert record["task_id"] in tasks and 1 <= len(record["tuples"]) <= 3
-        assert record["event_id"] == exploration_id(random_source_id("r1", 4, record["task_id"]), record["round"])
+        source = random_source_id("r1", 4, record["task_id"], "random-calls")
+        assert record["event_id"] == exploration_id(source, record["round"])
 
 
 def test_the_static_strategy_explores_its_tasks_once_at_start_and_nothing_during_training():
@@ -103,7 +133,7 @@ def test_the_static_strategy_explores_its_tasks_once_at_start_and_nothing_during
     assert len(first.records) == 4 and len({r["task_id"] for r in first.records}) == 2
     assert [(r["event_id"], r["tuples"]) for r in first.records] == [(r["event_id"], r["tuples"]) for r in again.records]
     assert {(r["strategy"], r["step"], r["run_id"]) for r in first.records} == {("static", 0, "r1")}
-    during = explore_plan(_plan(config, boundary_signal("s1")), None, config, SAMPLING, Budget(), "", tasks, LIMITS)
+    during = explore_plan(_plan(config, boundary_signal("s1")), None, config, SAMPLING, Budget(), "", tasks, limits=LIMITS)
     assert during.records == [] and not during.fell_back  # no signal, and no fallback, is explored
 
 
@@ -111,8 +141,8 @@ def test_a_period_with_no_signal_explored_falls_back_to_seeded_random_tasks_apar
     config = ExplorerConfig(runs=2, calls_per_run=2, fallback_tasks=2)
     plan = _plan(config, boundary_signal("s1"))
     tasks = ["multi_turn_base_3", "multi_turn_base_5", "multi_turn_base_7"]
-    out = explore_plan(plan, _backend("no JSON here"), config, SAMPLING, Budget(), "m", tasks, LIMITS)
-    again = explore_plan(plan, _backend("no JSON here"), config, SAMPLING, Budget(), "m", tasks, LIMITS)
+    out = explore_plan(plan, _backend("no JSON here"), config, SAMPLING, Budget(), "m", tasks, limits=LIMITS)
+    again = explore_plan(plan, _backend("no JSON here"), config, SAMPLING, Budget(), "m", tasks, limits=LIMITS)
     assert out.rejected and out.fell_back and len(out.records) == 4  # 2 tasks x 2 runs
     assert [r["event_id"] for r in out.records] == [r["event_id"] for r in again.records]
     picked = pick_random_tasks(tasks, 2, "r1", 4, config.random_seed)
@@ -128,18 +158,18 @@ def test_a_step_without_signals_falls_back_and_a_guided_period_falls_back_only_i
     config = ExplorerConfig(runs=1, fallback_tasks=1, step_grace_s=0)
     buffer = SignalBuffer(config)
     (empty,) = buffer.step_completed("r1", 7, 0.0)
-    out = explore_plan(empty, None, config, SAMPLING, Budget(), "", ["multi_turn_base_9"], LIMITS)
+    out = explore_plan(empty, None, config, SAMPLING, Budget(), "", ["multi_turn_base_9"], limits=LIMITS)
     assert [(r["strategy"], r["task_id"], r["step"]) for r in out.records] == [
         ("random-fallback", "multi_turn_base_9", 7)]
     explored = explore_plan(_plan(config, boundary_signal("s1")), _backend(json.dumps(CONTEXT)), config,
-                            SAMPLING, Budget(), "m", ["multi_turn_base_9"], LIMITS)
+                            SAMPLING, Budget(), "m", ["multi_turn_base_9"], limits=LIMITS)
     assert not explored.fell_back and {r["strategy"] for r in explored.records} == {"signal-guided"}
-    silent = ScriptedBackend(byte_tokenizer(), lambda r: json.dumps(CONTEXT) if r.json_schema else "I cannot.")
+    silent = _backend(json.dumps(CONTEXT), "I cannot.")
     failed = explore_plan(_plan(config, boundary_signal("s1")), silent, config, SAMPLING, Budget(), "m",
-                          ["multi_turn_base_9"], LIMITS)  # explored, but no call succeeded: fall back too
+                          ["multi_turn_base_9"], limits=LIMITS)  # explored, but no call succeeded: fall back too
     assert failed.fell_back and [r["strategy"] for r in failed.records] == ["signal-guided", "random-fallback"]
     off = dataclasses.replace(config, fallback_tasks=0)
-    assert explore_plan(empty, None, off, SAMPLING, Budget(), "", ["multi_turn_base_9"], LIMITS).records == []
+    assert explore_plan(empty, None, off, SAMPLING, Budget(), "", ["multi_turn_base_9"], limits=LIMITS).records == []
 
 
 def test_negative_period_limits_are_refused():
