@@ -119,6 +119,7 @@ def run_loop(plan: Plan, workdir: Path, bootstrap: str | None = None, resume: bo
     th = summaries.thresholds(plan.sections.get("streams", {}))
     doc = summaries.build(final, info, phases, th, state)
     summaries.write(workdir / "summary.json", doc)
+    print(summaries.origin_line(doc), flush=True)
     print(f"summary: {workdir / 'summary.json'} ({state})", flush=True)
     if state != "killed" and (workdir / "clickhouse").exists():
         _report(workdir)

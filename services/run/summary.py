@@ -116,6 +116,7 @@ def build(tally: Tally, plan_info: dict[str, Any], phases: dict[str, float], th:
         "pool_synthesized": {s["step"]: s.get("pool_synthesized") for s in steps},
         "synthesized_trained": tally.synthesized_trained, "first_synthesized_step": tally.first_synthesized_step,
         "loop_silent": unclosed_reason(tally),
+        **tally.mechanism.summary(),
         "train_reward": {s["step"]: s.get("train_reward") for s in steps},
         "loss": {s["step"]: s.get("loss") for s in steps},
         "policy_lag": tally.policy_lag, "weight_updates": tally.weight_updates,
@@ -125,6 +126,28 @@ def build(tally: Tally, plan_info: dict[str, Any], phases: dict[str, float], th:
         "wall_seconds": {k: round(v, 3) for k, v in phases.items()},
         "events": dict(tally.events),
     }
+
+
+def _by(counts: dict[str, int], kinds: dict[str, int]) -> str:
+    parts = []
+    for strategy, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+        detail = ", ".join(f"{k} {m}" for k, m in sorted(kinds.items())) if strategy == "signal-guided" and kinds else ""
+        parts.append(f"{n} {strategy}" + (f" ({detail})" if detail else ""))
+    return ", ".join(parts)
+
+
+def origin_line(summary: dict[str, Any]) -> str:
+    """The terminal's last word on the mechanism: where the validated and trained-on tasks came from, and
+    how many of each strategy's tasks use the tools their weakness involved."""
+    origin, targeting = summary["origin"], summary["targeting"]
+    validated, trained = sum(origin["validated"].values()), sum(origin["trained"].values())
+    line = f"tasks: {validated} validated" + (f" ({_by(origin['validated'], origin['validated_by_signal'])})"
+                                             if validated else "")
+    line += f"; trained on {trained}" + (f" ({_by(origin['trained'], origin['trained_by_signal'])})" if trained else "")
+    if targeting:
+        line += "; on a weak spot's tools: " + ", ".join(f"{k} {v['targeted']} of {v['tasks']}"
+                                                         for k, v in targeting.items())
+    return line
 
 
 def write(path: Path, summary: dict[str, Any]) -> None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from coevolve.services.learner.record import PHASES, StepRecord
+from coevolve.services.run.mechanism import Mechanism
 
 STEP_FIELDS = tuple(f.name for f in fields(StepRecord) if f.name not in ("event_id", "run_id", "step", "produced_at"))
 """What the tally keeps of a StepCompleted event: every field of the learner's StepRecord but its identity and
@@ -27,6 +28,9 @@ class Tally:
     signals: Counter = field(default_factory=Counter)
     explorations: Counter = field(default_factory=Counter)
     verdicts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    signal_events: dict[str, dict[str, Any]] = field(default_factory=dict)
+    exploration_events: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """What origin, targeting, repair and lineage read of each signal and exploration (`mechanism`)."""
     evaluations: list[dict[str, Any]] = field(default_factory=list)
     deadletters: Counter = field(default_factory=Counter)
     # Per (task, step): scores, for the why-not of signals that did not fire.
@@ -63,14 +67,25 @@ class Tally:
 
     def _on_SignalRaised(self, e: dict) -> None:  # noqa: N802
         self.signals[str(e["kind"])] += 1
+        self.signal_events[str(e["event_id"])] = {k: e.get(k) for k in ("kind", "step", "task_id", "subject", "pattern",
+                                                                        "thresholds", "evidence")}
 
     def _on_ExplorationRecorded(self, e: dict) -> None:  # noqa: N802
         self.explorations[str(e.get("strategy") or "signal-guided")] += 1
+        self.exploration_events[str(e["event_id"])] = {k: e.get(k) for k in ("strategy", "signal_kind", "signal_ids",
+                                                                             "task_id", "step")}
 
     def _on_TaskChecked(self, e: dict) -> None:  # noqa: N802
         if e.get("source") == "synthesized":  # compacted topic: the latest verdict per task stands
             self.verdicts[str(e["task_id"])] = {"verdict": str(e["verdict"]), "stage": e.get("stage"),
-                                                "reason": str(e.get("reason") or ""), "step": int(e["step"])}
+                                                "reason": str(e.get("reason") or ""), "step": int(e["step"]),
+                                                **{k: e.get(k) for k in ("exploration_ids", "signal_ids",
+                                                                         "seed_task_id", "reference_solution")}}
+
+    @property
+    def mechanism(self) -> Mechanism:
+        """The run's tasks traced back to their signals (origin, targeting, repair, lineage)."""
+        return Mechanism(self.exploration_events, self.signal_events, self.verdicts, self.scores)
 
     def _on_EvaluationCompleted(self, e: dict) -> None:  # noqa: N802
         self.evaluations.append({k: e.get(k) for k in ("step", "split", "task_count", "success_rate", "mean_score",
@@ -123,13 +138,16 @@ class Tally:
                                       default=0)}
 
     def synthesized_line(self, step: int) -> str | None:
-        """The terminal's note that a step trained on tasks the loop made, or None."""
+        """The terminal's note that a step trained on tasks the loop made, and where they came from, or None."""
         s = self.steps[step]
         rollouts, tasks = s.get("synthesized_trained") or 0, s.get("synthesized_tasks_trained") or 0
         if not rollouts:
             return None
+        mechanism = self.mechanism
+        trained = sorted(t for t in self.verdicts if step in mechanism.trained_steps(t))
+        origins = sorted({mechanism.describe(t) for t in trained})
         return (f"step {step}: trained on {tasks} synthesized task{'s' if tasks != 1 else ''} "
-                f"({rollouts} rollout{'s' if rollouts != 1 else ''})")
+                f"({rollouts} rollout{'s' if rollouts != 1 else ''})" + (f", {'; '.join(origins)}" if origins else ""))
 
     def progress_line(self, step: int, total: int) -> str:
         """One terminal line for a completed step."""
