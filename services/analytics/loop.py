@@ -8,6 +8,7 @@ simulator's runs have none of them).
 """
 from __future__ import annotations
 
+from coevolve.services.analytics.lineage import lineage, task_origin
 from coevolve.services.analytics.view import View, query_rows
 from coevolve.services.learner.record import PHASES
 
@@ -72,7 +73,7 @@ def step_time(client, db: str, p: dict) -> tuple[View, View]:
 
 
 def explorations_by_strategy(client, db: str, p: dict) -> View:
-    """Explorations per step by strategy: signal-guided, random, random-fallback (no signal in budget)."""
+    """Explorations per step by strategy: signal-guided, random, random-calls, random-fallback, static."""
     view = View("explorations", "Explorations per step, by strategy", ["run_id", "step", "strategy", "explorations"])
     view.rows = query_rows(client, f"""SELECT run_id, step, toString(strategy), count() FROM {db}.explorations FINAL
         WHERE run_id IN {{runs:Array(String)}} GROUP BY run_id, step, strategy ORDER BY run_id, step, strategy""", p)
@@ -111,4 +112,5 @@ def loop_views(client, db: str, p: dict) -> list[View]:
     per_step, share = step_time(client, db, p)
     by_reason, funnel = verdicts(client, db, p)
     return [evaluation_curve(client, db, p), pool_per_step(client, db, p), per_step, share,
-            explorations_by_strategy(client, db, p), by_reason, funnel]
+            explorations_by_strategy(client, db, p), by_reason, funnel, task_origin(client, db, p),
+            lineage(client, db, p)]

@@ -155,7 +155,8 @@ def draw_all(result: dict, out: Path) -> dict[str, list[Path]]:
 
 
 # Views whose numbers the page also shows as a table (the rest are read from their plot or `--json`).
-HTML_TABLES = ("validation_per_stage", "evaluation", "pool", "time_share", "verdicts", "stage_funnel")
+HTML_TABLES = ("validation_per_stage", "evaluation", "pool", "time_share", "verdicts", "stage_funnel", "task_origin",
+               "lineage")
 HTML_ROWS = 30
 
 

@@ -12,7 +12,8 @@ from coevolve.services.analytics.loop import PHASES, VALIDATION_STAGES
 from coevolve.services.analytics.plots import _save, _series, plt
 
 PHASE_COLORS = dict(zip(PHASES, ("tab:blue", "tab:cyan", "tab:green", "tab:purple", "tab:olive", "tab:red")))
-STRATEGY_COLORS = {"signal-guided": "tab:green", "random": "tab:gray", "random-fallback": "tab:orange"}
+STRATEGY_COLORS = {"signal-guided": "tab:green", "random": "tab:gray", "random-calls": "tab:brown",
+                   "random-fallback": "tab:orange", "static": "tab:purple"}
 
 
 def stacked(rows, run: str, step_col: int, group_col: int, value_col: int) -> tuple[list, dict[str, list]]:
@@ -145,6 +146,24 @@ def verdicts_plot(by_reason, out: Path) -> Path:
     return _save(fig, out / "verdicts.png")
 
 
+def origin_plot(view, out: Path) -> Path:
+    """Validated and trained-on tasks per strategy (signal-guided split by signal kind), one panel per run."""
+    runs = _runs(view.rows)
+    fig, axes = _run_axes(runs, view.title)
+    for ax, run in zip(axes, runs):
+        mine = [r for r in view.rows if r[0] == run]
+        labels = [f"{r[1]}\n({r[2]})" if r[2] else r[1] for r in mine]
+        x = list(range(len(mine)))
+        colors = [STRATEGY_COLORS.get(r[1], "lightgray") for r in mine]
+        ax.bar([i - 0.2 for i in x], [r[3] for r in mine], 0.4, color=colors, alpha=0.45, label="validated")
+        bars = ax.bar([i + 0.2 for i in x], [r[4] for r in mine], 0.4, color=colors, label="trained on")
+        ax.bar_label(bars, fontsize=8)
+        ax.set_xticks(x, labels, fontsize=8)
+        ax.set(ylabel="synthesized tasks", title=run)
+        ax.legend(fontsize=8)
+    return _save(fig, out / "task_origin.png")
+
+
 def draw_loop(views: dict, out: Path) -> dict[str, list[Path]]:
     """Every loop plot that has data; return view name -> files."""
     files: dict[str, list[Path]] = {}
@@ -158,4 +177,6 @@ def draw_loop(views: dict, out: Path) -> dict[str, list[Path]]:
         files["explorations"] = [explorations_plot(views["explorations"], out)]
     if views["verdicts"].rows:
         files["verdicts"] = [verdicts_plot(views["verdicts"], out)]
+    if views["task_origin"].rows:
+        files["task_origin"] = [origin_plot(views["task_origin"], out)]
     return files

@@ -32,6 +32,9 @@ STRING_CHARS = 80
 ARRAY_ITEMS = 4
 _OBSERVATION_CHARS = 240
 _STATE_CHARS = 1200
+RUN_SECONDS = 3600.0
+"""An environment's wall-clock limit per run: each call waits on the whole batch's generation (BFCL's
+300 s per episode ended runs of a 16-run batch on a busy CPU); `max_seconds_per_period` bounds a period."""
 
 SYSTEM_PROMPT = (
     "You explore a software environment through its functions, one call at a time, to learn how its "
@@ -118,7 +121,8 @@ def replay_prefix(actions: Sequence[Mapping[str, Any]]) -> tuple[Mapping[str, An
 
 def _open(start: Start, calls: int, tool_docs: str) -> _Run:
     unscored = dataclasses.replace(start.task, reference=())
-    env = BfclEnv(BfclConfig(max_steps_per_turn=calls + len(start.prefix), max_steps=calls + len(start.prefix)))
+    steps = calls + len(start.prefix)
+    env = BfclEnv(BfclConfig(max_steps_per_turn=steps, max_steps=steps, timeout_s=RUN_SECONDS))
     env.reset(unscored)
     tools = bfcl_data.tools_at(start.task, len(start.task.turns) - 1)
     focus = [name for name in start.focus if any(t["function"]["name"] == name for t in tools)]

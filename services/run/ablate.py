@@ -127,8 +127,36 @@ def collect(cell: Cell) -> dict[str, Any]:
     return {"seed": cell.seed, "run_id": summary["run_id"], "workdir": str(cell.workdir),
             "eval_success": final and final["success_rate"], "eval_score": final and final["mean_score"],
             "train_reward_last": _last(summary["train_reward"]), "tasks_validated": summary["tasks_validated"],
-            "synthesized_trained": summary.get("synthesized_trained"), "signals": summary["signals"], "wall_seconds": round(sum(summary["wall_seconds"].values()), 1),
-            "evaluations": {e["step"]: e["mean_score"] for e in summary["evaluations"]}}
+            "synthesized_trained": summary.get("synthesized_trained"), "signals": summary["signals"],
+            "wall_seconds": round(sum(summary["wall_seconds"].values()), 1),
+            "evaluations": {e["step"]: e["mean_score"] for e in summary["evaluations"]},
+            "origin": summary.get("origin") or {}, "targeting": summary.get("targeting") or {},
+            "repair": summary.get("repair") or {}}
+
+
+def mechanism(runs: list[dict]) -> dict[str, Any]:
+    """An arm's origin counts summed over seeds, its targeting pooled per strategy, and its repair
+    (mean change of explored and unexplored subjects' scores, weighted by subjects measured)."""
+    origin: dict[str, dict[str, int]] = {}
+    targeting: dict[str, dict[str, Any]] = {}
+    repair: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        for key, counts in run["origin"].items():
+            for name, n in counts.items():
+                origin.setdefault(key, {})[name] = origin.get(key, {}).get(name, 0) + n
+        for strategy, t in run["targeting"].items():
+            pooled = targeting.setdefault(strategy, {"tasks": 0, "targeted": 0})
+            pooled["tasks"] += t["tasks"]
+            pooled["targeted"] += t["targeted"]
+        for group, r in run["repair"].items():
+            pooled = repair.setdefault(group, {"measured": 0, "change_sum": 0.0})
+            pooled["measured"] += r["measured"]
+            pooled["change_sum"] += (r["change"] or 0.0) * r["measured"]
+    for t in targeting.values():
+        t["share"] = t["targeted"] / t["tasks"] if t["tasks"] else None
+    repaired = {g: {"measured": r["measured"], "change": r["change_sum"] / r["measured"] if r["measured"] else None}
+                for g, r in repair.items()}
+    return {"origin": origin, "targeting": targeting, "repair": repaired}
 
 
 def mean_ci95(values: list[float]) -> tuple[float | None, list[float] | None]:
@@ -148,7 +176,7 @@ def aggregate(preset: str, budget_: dict, rows: dict[str, list[dict]]) -> dict[s
     """The ablation.json document."""
     arms = []
     for arm, runs in rows.items():
-        entry: dict[str, Any] = {"arm": arm, "runs": runs}
+        entry: dict[str, Any] = {"arm": arm, "runs": runs, **mechanism(runs)}
         for key in ("eval_success", "eval_score"):
             mean, ci = mean_ci95([r[key] for r in runs if r[key] is not None])
             entry[f"{key}_mean"], entry[f"{key}_ci95"] = mean, ci
@@ -205,7 +233,28 @@ def markdown(doc: dict[str, Any]) -> str:
                     f"{_avg([r['train_reward_last'] for r in runs])} | {_avg([r['tasks_validated'] for r in runs])} | "
                     f"{signals} | {_avg([r['wall_seconds'] for r in runs])} |")
     return "\n".join([*head, *rows, "", "Separability of the held-out score:", *separability(doc), "",
-                      "![held-out score per step](ablation.png)", ""])
+                      *mechanism_table(doc), "![held-out score per step](ablation.png)", ""])
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))) or "0"
+
+
+def mechanism_table(doc: dict[str, Any]) -> list[str]:
+    """Where each arm's tasks came from, whether they hit a weak spot's tools, and what became of the
+    subjects (summed over seeds; docs/run.md, "summary.json")."""
+    lines = ["Mechanism (over all seeds): validated and trained-on tasks by strategy; targeting = tasks whose "
+             "reference uses a tool of a signal's evidence (for unguided strategies: of any signal raised "
+             "before; the base rate); repair = mean change of a subject's score from its signal to its later "
+             "draws.", "", "| arm | validated | trained on | targeting | repair: explored | repair: not explored |",
+             "|---|---|---|---|---|---|"]
+    for arm in doc["arms"]:
+        targeting = ", ".join(f"{k} {t['targeted']}/{t['tasks']}" for k, t in sorted(arm["targeting"].items())) or "n/a"
+        repair = [arm["repair"].get(g) or {"measured": 0, "change": None} for g in ("explored", "not_explored")]
+        cells = [f"{r['change']:+.3f} (n={r['measured']})" if r["change"] is not None else "n/a (n=0)" for r in repair]
+        lines.append(f"| {arm['arm']} | {_counts(arm['origin'].get('validated', {}))} | "
+                     f"{_counts(arm['origin'].get('trained', {}))} | {targeting} | {cells[0]} | {cells[1]} |")
+    return lines + [""]
 
 
 def plot(doc: dict[str, Any], path: Path) -> None:

@@ -147,13 +147,13 @@ def test_guided_reflections_that_never_parse_are_dead_lettered_then_the_fallback
     _validate_and_check(bootstrap, tmp_path, explorations)
 
 
-def test_random_explorations_reach_the_validator_and_each_proposal_gets_one_verdict(bootstrap, tmp_path):
+def test_random_call_explorations_reach_the_validator_and_each_proposal_gets_one_verdict(bootstrap, tmp_path):
     _publish_period(bootstrap)
-    random_args = ["--strategy", "random", "--runs", "2", "--calls-per-run", "3", "--signals-per-step", "2"]
+    random_args = ["--strategy", "random-calls", "--runs", "2", "--calls-per-run", "3", "--signals-per-step", "2"]
     _run("explorer", bootstrap, [*random_args, *FAST, "--group-id", "random"], tmp_path / "explorer.log")
     explorations = _read(bootstrap, EXPLORATIONS.name)
     assert len(explorations) == 4 and len({e["event_id"] for e in explorations}) == 4
-    assert {e["strategy"] for e in explorations} == {"random"} and all(e["tuples"] for e in explorations)
+    assert {e["strategy"] for e in explorations} == {"random-calls"} and all(e["tuples"] for e in explorations)
 
     _validate_and_check(bootstrap, tmp_path, explorations)
 
@@ -184,7 +184,7 @@ def _wait_for(condition, timeout_s: float, what: str) -> None:
 
 
 def test_a_killed_and_restarted_explorer_resumes_from_its_offsets_and_publishes_no_duplicate(bootstrap, tmp_path):
-    args = ["--strategy", "random", "--runs", "2", "--calls-per-run", "2", *FAST, "--group-id", "restart"]
+    args = ["--strategy", "random-calls", "--runs", "2", "--calls-per-run", "2", *FAST, "--group-id", "restart"]
     _publish_period(bootstrap, step=4)
     with open(tmp_path / "first.log", "wb") as out:
         first = subprocess.Popen(_command("explorer", bootstrap, args, 0), stdout=out, stderr=subprocess.STDOUT)

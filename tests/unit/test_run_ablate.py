@@ -9,10 +9,11 @@ from coevolve.services.runtime.config import ConfigError
 
 
 def test_every_arm_the_paper_compares_is_an_overlay_file():
-    assert set(ablate.arm_names()) == {"zero-shot", "static", "random", "coevolve", "forgetting", "boundary",
-                                       "rare", "no-validation"}
+    assert set(ablate.arm_names()) == {"zero-shot", "static", "random", "random-calls", "coevolve", "forgetting",
+                                       "boundary", "rare", "no-validation"}
     assert ablate.arm_overrides("coevolve") == []
     assert ablate.arm_overrides("random") == ['explorer.strategy="random"', "explorer.fallback_tasks=0"]
+    assert ablate.arm_overrides("random-calls") == ['explorer.strategy="random-calls"', "explorer.fallback_tasks=0"]
     assert ablate.arm_overrides("rare") == ['explorer.signal_kinds="rare"']
     assert ablate.arm_overrides("zero-shot") == ["run.steps=0"]
 
@@ -70,7 +71,10 @@ def _summary(workdir, run_id, scores, validated=1, state="completed"):
         "run_id": run_id, "state": state, "tasks_validated": validated, "synthesized_trained": 4 * validated,
         "signals": {"forgetting": 0, "boundary": 1, "rare": 3}, "train_reward": {"1": 0.1, "2": 0.25},
         "wall_seconds": {"start": 10.0, "train": 50.5},
-        "evaluations": [{"step": s, "success_rate": v / 2, "mean_score": v} for s, v in scores.items()]}))
+        "evaluations": [{"step": s, "success_rate": v / 2, "mean_score": v} for s, v in scores.items()],
+        "origin": {"validated": {"signal-guided": validated}, "trained": {"signal-guided": 1}},
+        "targeting": {"signal-guided": {"tasks": validated, "targeted": 1, "share": 1 / validated}},
+        "repair": {"explored": {"measured": 1, "change": 0.5}, "not_explored": {"measured": 0, "change": None}}}))
 
 
 def test_a_finished_cell_is_collected_and_the_table_says_what_cannot_be_separated(tmp_path):
@@ -86,7 +90,11 @@ def test_a_finished_cell_is_collected_and_the_table_says_what_cannot_be_separate
     assert row == {"seed": 1, "run_id": "r1", "workdir": str(cells["random"][1].workdir), "eval_success": 0.25,
                    "eval_score": 0.5, "train_reward_last": 0.25, "tasks_validated": 1, "synthesized_trained": 4,
                    "signals": {"forgetting": 0, "boundary": 1, "rare": 3}, "wall_seconds": 60.5,
-                   "evaluations": {2: 0.2, 3: 0.5}}
+                   "evaluations": {2: 0.2, 3: 0.5},
+                   "origin": {"validated": {"signal-guided": 1}, "trained": {"signal-guided": 1}},
+                   "targeting": {"signal-guided": {"tasks": 1, "targeted": 1, "share": 1.0}},
+                   "repair": {"explored": {"measured": 1, "change": 0.5}, "not_explored": {"measured": 0,
+                                                                                          "change": None}}}
     rows = {"random": [ablate.collect(c) for c in cells["random"]],
             "coevolve": [ablate.collect(cells["coevolve"][0]), ablate.collect(cells["coevolve"][0])]}
     doc = ablate.aggregate("smoke", {"steps": 3, "batch_tasks": 2, "group_size": 4, "eval_tasks": 2,
@@ -98,6 +106,13 @@ def test_a_finished_cell_is_collected_and_the_table_says_what_cannot_be_separate
     table = ablate.markdown(doc)
     assert "| random | 0.200 [" in table and "| coevolve | 0.200 [0.200, 0.200] | 0.400 [0.400, 0.400] |" in table
     assert "- random vs coevolve: not separable at this budget (the 95% intervals overlap)" in table
+    coevolve = doc["arms"][1]  # two runs of 3 validated tasks, 1 of each on a weak spot's tools
+    assert coevolve["origin"] == {"validated": {"signal-guided": 6}, "trained": {"signal-guided": 2}}
+    assert coevolve["targeting"] == {"signal-guided": {"tasks": 6, "targeted": 2, "share": pytest.approx(1 / 3)}}
+    assert coevolve["repair"] == {"explored": {"measured": 2, "change": 0.5}, "not_explored": {"measured": 0,
+                                                                                              "change": None}}
+    assert ("| coevolve | 6 signal-guided | 2 signal-guided | signal-guided 2/6 | +0.500 (n=2) | n/a (n=0) |"
+            in table)
     ablate.plot(doc, tmp_path / "ablation.png")
     assert (tmp_path / "ablation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
