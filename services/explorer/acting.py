@@ -141,6 +141,18 @@ def _execute(run: _Run, name: str, arguments: dict[str, Any]) -> None:
                        result.observations[0]["content"] if result.observations else "")
     run.calls.append(ExploredCall(name, arguments, observation))
     run.done = result.done
+    if not is_error_observation(observation):
+        _drop_answered(run, name)
+
+
+def _drop_answered(run: _Run, name: str) -> None:
+    """A tool without parameters that has answered once would only answer the same again (SmolLM2 called
+    `list_all_following()` four times in a row): it is no longer offered in this run."""
+    tool = next((t for t in run.tools if t["function"]["name"] == name), None)
+    if tool is None or (tool["function"].get("parameters") or {}).get("properties") or len(run.tools) < 2:
+        return
+    run.tools = [t for t in run.tools if t is not tool]
+    run.schema = call_schema(run.tools, run.start.focus)
 
 
 def _messages(run: _Run) -> list[dict[str, str]]:

@@ -17,14 +17,14 @@ pytestmark = pytest.mark.integration
 DB = "loopviews"  # chdb://memory is one engine per process: a database of its own
 
 
-def _store(client, events) -> None:
+def store(client, db: str, events) -> None:
     registry = default_registry()  # as the archiver sees them: decoded, every field at least its default
     tables: dict[str, list] = {}
     for name, event in events:
         for table, rows in rows_for(*registry.decode(registry.encode(name, event)), 0, 0).items():
             tables.setdefault(table, []).extend(rows)
     for table, rows in tables.items():
-        client.insert(f"{DB}.{table}", rows, column_names=COLUMNS[table])
+        client.insert(f"{db}.{table}", rows, column_names=COLUMNS[table])
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +32,8 @@ def archive():
     client = connect("chdb://memory", database=DB)
     events = [(name, event) for _, name, event in loop_run()]
     sim = [(name, event) for _, _, name, event in Simulator(SimulationConfig(steps=3, tasks=8, batch_tasks=4)).events()]
-    _store(client, events + sim)
-    _store(client, events)  # redelivered
+    store(client, DB, events + sim)
+    store(client, DB, events)  # redelivered
     yield client
     client.close()
 

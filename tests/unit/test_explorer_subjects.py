@@ -142,3 +142,12 @@ def test_a_task_made_from_a_synthesized_task_records_it_as_its_parent():
     assert checked.record["seed_task_id"] == CHILD_ID
     (orphan,) = check_groups([group], backend, NoveltyIndex([SEED]), ValidatorConfig(), SAMPLING, LIMITS)
     assert orphan.error_type == "no_seed_task"
+
+
+def test_a_tool_without_parameters_that_answered_is_not_offered_again_in_the_run():
+    acted = act(_backend("", '{"name": "pwd", "arguments": {}}'), [Start(SEED, 0)], 3, SAMPLING, attempts=1)
+    (run,) = acted.runs
+    assert [c.name for c in run.calls] == ["pwd"] and acted.unusable == 1  # a second pwd no longer fits
+    failing = act(_backend("", '{"name": "cat", "arguments": {"file_name": "none.txt"}}'), [Start(SEED, 0)], 2,
+                  SAMPLING, attempts=1)
+    assert [c.name for c in failing.runs[0].calls] == ["cat", "cat"]  # a tool with parameters stays offered
