@@ -1,5 +1,6 @@
 """`make run`, repeated: the `demo` preset end to end, each run in a fresh workdir, with its wall time,
-the machine's memory peak while it ran, and whether the loop closed (a validated task trained on).
+the machine's memory peak while it ran, whether the loop closed (a validated task trained on), and
+whether the signals steered it: validated and trained-on tasks by strategy, and the targeting share.
 
     python -m bench.bench_demo [--repeats 3] [--workdir DIR] [--cold]
 
@@ -53,8 +54,22 @@ def run_once(workdir: Path) -> dict:
     if summary.exists():
         doc = json.loads(summary.read_text())
         out |= {k: doc.get(k) for k in ("state", "tasks_validated", "synthesized_trained", "first_synthesized_step",
-                                        "loop_silent", "wall_seconds", "signals", "explorations")}
+                                        "loop_silent", "wall_seconds", "signals", "explorations", "origin",
+                                        "targeting", "dead_letters")}
     return out
+
+
+def steered(result: dict) -> bool:
+    """Whether a task validated from a signal-guided exploration was trained on."""
+    return bool(((result.get("origin") or {}).get("trained") or {}).get("signal-guided"))
+
+
+def _origin(result: dict) -> str:
+    origin = result.get("origin") or {}
+    parts = [f"{key} {json.dumps(origin.get(key) or {}, sort_keys=True)}" for key in ("validated", "trained")]
+    targeting = ", ".join(f"{k} {t['targeted']}/{t['tasks']}" for k, t in (result.get("targeting") or {}).items())
+    no_task = {k: n for k, n in (result.get("dead_letters") or {}).items() if k.endswith(": no_task")}
+    return "; ".join(parts) + f"; targeting {targeting or 'n/a'}; no_task dead letters {no_task or 0}"
 
 
 def main() -> None:
@@ -77,6 +92,7 @@ def main() -> None:
               f"{result['memory_peak_mib'] / 1024:.1f} GiB, validated {result.get('tasks_validated')}, synthesized "
               f"rollouts trained on {result.get('synthesized_trained')} (first at step "
               f"{result.get('first_synthesized_step')}), wall {result.get('wall_seconds')}", flush=True)
+        print(f"  origin: {_origin(result)}", flush=True)
         if result.get("loop_silent"):
             print(f"  loop_silent: {result['loop_silent']}")
         if result["exit_code"]:
@@ -85,8 +101,8 @@ def main() -> None:
     closed = sum(bool(r.get("synthesized_trained")) for r in runs)
     median = statistics.median(r["seconds"] for r in runs)
     peak = max(r["memory_peak_mib"] for r in runs) / 1024
-    print(f"{closed} of {len(runs)} runs trained on a synthesized task; median {median:.0f} s, memory peak "
-          f"max {peak:.1f} GiB; runs in {root}")
+    print(f"{closed} of {len(runs)} runs trained on a synthesized task, {sum(map(steered, runs))} on one validated "
+          f"from a signal-guided exploration; median {median:.0f} s, memory peak max {peak:.1f} GiB; runs in {root}")
 
 
 if __name__ == "__main__":

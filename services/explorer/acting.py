@@ -3,7 +3,8 @@
 A run starts from its task's initial state in a fresh environment; a signal's run may first replay the
 failing rollout's calls up to where it went wrong (`Start.prefix`), so the model begins at the failure.
 Then, up to S times, the model writes the next call: one JSON object that `call_schema` limits to the
-task's tools, with each tool's own argument names and types. On vLLM (in-process or `vllm serve`) and
+task's tools, with each tool's own argument names and types; a signal's first call is limited to the
+tools of its weak spot (`Start.first`). On vLLM (in-process or `vllm serve`) and
 on OpenAI-compatible servers that honour `response_format` the grammar makes every call valid by
 construction; the transformers backend cannot constrain decoding, so its answers are checked against
 the same schema and sampled again (`generate_json`), and a run whose answers never fit ends there.
@@ -88,6 +89,9 @@ class Start:
     """Tools the guidance points at, listed first in the prompt and the call schema."""
     prefix: tuple[Mapping[str, Any], ...] = ()
     """Calls replayed before the model acts (name, JSON arguments): a failing rollout's, up to its failure."""
+    first: tuple[str, ...] = ()
+    """Tools the model's first call must use (a rare pattern's calls, the call where a rollout failed);
+    empty: any of the task's tools."""
 
 
 @dataclass
@@ -97,6 +101,8 @@ class _Run:
     tools: list[dict[str, Any]]
     schema: dict[str, Any]
     tool_docs: str = "signatures"
+    opening: dict[str, Any] | None = None
+    """The first model call's schema, when `Start.first` names tools of the task."""
     calls: list[ExploredCall] = field(default_factory=list)
     replayed: int = 0
     done: bool = False
@@ -126,7 +132,8 @@ def _open(start: Start, calls: int, tool_docs: str) -> _Run:
     env.reset(unscored)
     tools = bfcl_data.tools_at(start.task, len(start.task.turns) - 1)
     focus = [name for name in start.focus if any(t["function"]["name"] == name for t in tools)]
-    run = _Run(start, env, tools, call_schema(tools, focus), tool_docs)
+    opening = [t for t in tools if t["function"]["name"] in start.first]
+    run = _Run(start, env, tools, call_schema(tools, focus), tool_docs, call_schema(opening) if opening else None)
     for call in start.prefix:
         _execute(run, call["name"], dict(call["arguments"]))
         run.replayed += 1
@@ -193,8 +200,8 @@ def act(backend, starts: Sequence[Start], calls: int, sampling: SamplingConfig, 
         live = [r for r in runs if not r.done]
         if not live:
             break
-        answers = generate_json(backend, [_messages(r) for r in live], [r.schema for r in live], sampling,
-                                retries=attempts - 1)
+        schemas = [r.opening if r.opening is not None and len(r.calls) == r.replayed else r.schema for r in live]
+        answers = generate_json(backend, [_messages(r) for r in live], schemas, sampling, retries=attempts - 1)
         for run, answer in zip(live, answers):
             if isinstance(answer, StructuredOutputError):
                 unusable += 1

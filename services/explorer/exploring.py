@@ -100,13 +100,26 @@ def subject_task(cluster: Cluster, catalog: TaskCatalog, seed_ids: Sequence[str]
                    f"({', '.join(named) or 'none'}) resolves and no seed task has those tools")
 
 
-def failing_prefix(cluster: Cluster, task_id: str) -> tuple:
-    """The calls of the cluster's lowest-scoring rollout of the task, up to where it went wrong."""
+def _failing_actions(cluster: Cluster, task_id: str) -> list:
+    """The actions of the cluster's lowest-scoring rollout of the task (none for a rare cluster)."""
     rollouts = [t for s in cluster.signals if s.kind != "rare"
                 for t in (s.record.get("evidence") or {}).get("trajectories") or [] if t["task_id"] == task_id]
-    if not rollouts:
-        return ()
-    return replay_prefix(min(rollouts, key=lambda t: t["score"]).get("actions") or [])
+    return list(min(rollouts, key=lambda t: t["score"]).get("actions") or []) if rollouts else []
+
+
+def failing_prefix(cluster: Cluster, task_id: str) -> tuple:
+    """The calls of the cluster's lowest-scoring rollout of the task, up to where it went wrong."""
+    return replay_prefix(_failing_actions(cluster, task_id))
+
+
+def weak_tools(cluster: Cluster, task_id: str) -> tuple[str, ...]:
+    """The tools where the weakness shows: a rare pattern's calls, else the call where the cluster's
+    lowest-scoring rollout went wrong (its first failing call, or the one after its replayable prefix)."""
+    if cluster.primary.kind == "rare":
+        return tuple(dict.fromkeys(cluster.primary.record.get("pattern") or ()))
+    actions = _failing_actions(cluster, task_id)
+    at = len(replay_prefix(actions))
+    return (str(actions[at]["name"]),) if at < len(actions) else ()
 
 
 def guidance(context: dict) -> tuple[str, ...]:
@@ -120,10 +133,13 @@ def guidance(context: dict) -> tuple[str, ...]:
 
 
 def guided_starts(cluster: Cluster, task: Task, context: dict, runs: int, replay: bool) -> list[Start]:
-    """R runs under the context; with `replay`, round 0 first replays the failing rollout to its failure."""
+    """R runs under the context, each starting at the weak spot: the first call uses the weak tools (or
+    else the context's); with `replay`, round 0 first replays the failing rollout to its failure."""
     lines, focus = guidance(context), tuple(context["location"]["tools"])
+    first = weak_tools(cluster, task.task_id) or focus
     prefix = failing_prefix(cluster, task.task_id) if replay else ()
-    return [Start(task, r, lines, focus, prefix if r == 0 else ()) for r in range(runs)]
+    return [Start(task, r, lines, tuple(dict.fromkeys(first + focus)), prefix if r == 0 else (), first)
+            for r in range(runs)]
 
 
 def _guided(plan: Plan, backend, config: ExplorerConfig, sampling: SamplingConfig, budget: Budget,
@@ -205,7 +221,7 @@ def explore_plan(plan: Plan, backend, config: ExplorerConfig, sampling: Sampling
     that succeeds (nothing explored, or only failing calls), also explore `fallback_tasks` seed tasks by
     random valid calls (`random-fallback`), so the validator has something to build a task from."""
     out = Outcome()
-    catalog = catalog or TaskCatalog()
+    catalog = catalog if catalog is not None else TaskCatalog()  # an empty catalog is falsy
     tool_docs = (limits or EpisodeLimits()).tool_docs
     if config.strategy == "static":  # explored once at start (`explore_static`), nothing during training
         return out

@@ -13,12 +13,16 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 EXE = str(Path(sys.executable).with_name("coevolve"))
 
 
-def _exploration_steps(workdir: Path) -> set[int]:
+def _explorations(workdir: Path, sql: str) -> list:
     client = connect(chdb_url(workdir), create=False)
     try:
-        return {row[0] for row in client.query("SELECT DISTINCT step FROM coevolve.explorations FINAL").result_rows}
+        return client.query(sql).result_rows
     finally:
         client.close()
+
+
+def _exploration_steps(workdir: Path) -> set[int]:
+    return {row[0] for row in _explorations(workdir, "SELECT DISTINCT step FROM coevolve.explorations FINAL")}
 
 
 @pytest.mark.timeout(2400)  # two smoke runs, the static one waiting 150 s for its tasks
@@ -41,8 +45,12 @@ def test_ablate_runs_each_arm_at_equal_budget_and_a_second_call_runs_nothing_new
     # static: its tasks were explored once, before training (step 0), and nothing during training.
     assert set(summaries["static"]["explorations"]) == {"static"}
     assert _exploration_steps(Path(doc["arms"][0]["runs"][0]["workdir"])) == {0}
-    # random: every exploration is random; none read a signal.
+    # random: every exploration is the explorer's model on a random seed task; none read a signal.
     assert set(summaries["random"]["explorations"]) <= {"random"}
+    rows = _explorations(Path(doc["arms"][1]["runs"][0]["workdir"]), "SELECT model, context, signal_id, "
+                         "length(tuples) FROM coevolve.explorations FINAL")
+    assert all(model and context == "" and signal is None for model, context, signal, _ in rows)
+    assert not rows or sum(calls for *_, calls in rows) > 0  # explored only where the run raised signals
     table = (tmp_path / "ablation.md").read_text()
     assert "| static |" in table and "| random |" in table and "one seed: no interval" in table
     assert (tmp_path / "ablation.png").stat().st_size > 0

@@ -2,6 +2,8 @@
 import dataclasses
 import json
 
+from jsonschema import Draft202012Validator
+
 from coevolve.services.agent.config import EpisodeLimits, SamplingConfig
 from coevolve.services.explorer.config import ExplorerConfig
 from coevolve.services.explorer.exploring import Budget, explore_plan, explore_static
@@ -34,9 +36,21 @@ def _is_reflection(request) -> bool:
     return "failure" in (request.json_schema.get("properties") or {})
 
 
-def _backend(reflection: str, call: str = '{"name": "ls", "arguments": {}}'):
-    """Reflections get `reflection`, exploration calls `call`."""
-    return ScriptedBackend(byte_tokenizer(), lambda r: reflection if _is_reflection(r) else call)
+LS = '{"name": "ls", "arguments": {}}'
+MV = '{"name": "mv", "arguments": {"source": "final_report.pdf", "destination": "temp"}}'
+
+
+def _backend(reflection: str, *calls: str):
+    """Reflections get `reflection`; an exploration call gets the first of `calls` (ls, else mv) that its
+    schema admits, or the first one when none does."""
+    calls = calls or (LS, MV)
+
+    def script(request):
+        if _is_reflection(request):
+            return reflection
+        fits = Draft202012Validator(request.json_schema).is_valid
+        return next((c for c in calls if c.startswith("{") and fits(json.loads(c))), calls[0])
+    return ScriptedBackend(byte_tokenizer(), script)
 
 
 def test_a_guided_period_reflects_then_explores_r_runs_of_s_constrained_calls_with_deterministic_ids():
@@ -49,20 +63,22 @@ def test_a_guided_period_reflects_then_explores_r_runs_of_s_constrained_calls_wi
     record = out.records[0]
     assert json.loads(record["context"]) == CONTEXT and record["strategy"] == "signal-guided"
     assert record["signal_ids"] == ["s1"] and record["task_id"] == "multi_turn_base_0"
-    assert [t["name"] for t in record["tuples"]] == ["ls"] * 3
-    assert not any(t["observation"].startswith(("Invalid", "Error")) for t in record["tuples"])
+    # the first call is where the failing rollout went wrong (its mv); then the model's choice
+    assert [t["name"] for t in record["tuples"]] == ["mv", "ls", "ls"]
+    assert not any(t["observation"].startswith(("Invalid", "Error")) for t in record["tuples"][1:])
     calls = [b for b in backend.batches if not _is_reflection(b[0])]
     assert len(calls) == 3 and all(len(batch) == 2 for batch in calls)  # the R runs step together
+    assert calls[0][0].json_schema["properties"]["name"] == {"const": "mv"}  # one tool: no anyOf
     last = calls[-1][0]
     assert "create temp, then move the file" in last.messages[1]["content"]
-    assert last.messages[1]["content"].count("ls({}) ->") == 2  # every result goes back to the model
+    assert "mv({" in last.messages[1]["content"] and "ls({}) ->" in last.messages[1]["content"]
     names = [option["properties"]["name"]["const"] for option in last.json_schema["anyOf"]]
-    assert names[:2] == ["mkdir", "mv"] and "cat" in names  # the context's tools first, then the task's
+    assert names[:2] == ["mv", "mkdir"] and "cat" in names  # the weak tool, the context's, then the task's
 
 
 def test_guided_calls_that_never_fit_the_schema_end_their_run_and_are_counted():
     config = ExplorerConfig(runs=2, calls_per_run=3, parse_attempts=2)
-    out = explore_plan(_plan(config, boundary_signal("s1")), _backend(json.dumps(CONTEXT), "ls()"), config,
+    out = explore_plan(_plan(config, boundary_signal("s1")), _backend(json.dumps(CONTEXT), "mv()"), config,
                        SAMPLING, Budget(), "m", [], limits=LIMITS)
     assert out.unusable == 2 and out.calls == 0 and [r["tuples"] for r in out.records] == [[], []]
 
@@ -103,7 +119,7 @@ def test_the_random_arm_is_the_same_model_on_random_seed_tasks_without_any_signa
     assert sorted({r["task_id"] for r in out.records}) == sorted(pick_random_tasks(tasks, 2, "r1", 4, 0))
     for record in out.records:
         assert record["strategy"] == "random" and record["model"] == "smollm2" and record["context"] == ""
-        assert record["signal_id"] is None and [t["name"] for t in record["tuples"]] == ["ls", "ls"]
+        assert record["signal_id"] is None and [t["name"] for t in record["tuples"]] == ["ls", "ls"]  # no weak spot
         assert record["event_id"] == exploration_id(random_source_id("r1", 4, record["task_id"]), record["round"])
     prompts = [r.messages[1]["content"] for batch in backend.batches for r in batch]
     assert not any("An agent fails here" in p or "mv into a folder" in p for p in prompts)

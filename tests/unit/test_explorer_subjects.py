@@ -11,7 +11,7 @@ from coevolve.services.envs import bfcl_data
 from coevolve.services.envs.catalog import TaskCatalog
 from coevolve.services.explorer.acting import Start, act, call_schema, replay_prefix
 from coevolve.services.explorer.config import ExplorerConfig
-from coevolve.services.explorer.exploring import Budget, explore_plan, subject_task
+from coevolve.services.explorer.exploring import Budget, explore_plan, guided_starts, subject_task, weak_tools
 from coevolve.services.explorer.planning import Cluster, SignalRef
 from coevolve.services.explorer.records import exploration_record
 from coevolve.services.validator.config import ValidatorConfig
@@ -151,3 +151,21 @@ def test_a_tool_without_parameters_that_answered_is_not_offered_again_in_the_run
     failing = act(_backend("", '{"name": "cat", "arguments": {"file_name": "none.txt"}}'), [Start(SEED, 0)], 2,
                   SAMPLING, attempts=1)
     assert [c.name for c in failing.runs[0].calls] == ["cat", "cat"]  # a tool with parameters stays offered
+
+
+def test_every_guided_run_starts_at_the_weak_spot_and_round_0_replays_the_failing_rollout_to_it():
+    rare = Cluster((SignalRef.from_record(_rare(["multi_turn_base_4"], ("touch",))),))
+    assert weak_tools(rare, "multi_turn_base_4") == ("touch",)
+    record = boundary_signal("b1")
+    record["evidence"]["trajectories"][0]["actions"] = [
+        {"name": "cd", "arguments": '{"folder": "document"}', "observation": '{"current_working_directory": "document"}'},
+        {"name": "mv", "arguments": '{"source": "a", "destination": "b"}', "observation": '{"error": "mv: no"}'}]
+    cluster = Cluster((SignalRef.from_record(record),))
+    assert weak_tools(cluster, "multi_turn_base_0") == ("mv",)
+    first, second = guided_starts(cluster, SEED, CONTEXT, 2, replay=True)
+    assert first.prefix == ({"name": "cd", "arguments": {"folder": "document"}},) and second.prefix == ()
+    assert first.first == second.first == ("mv",) and first.focus == ("mv", "mkdir")
+    acted = act(_backend("", '{"name": "pwd", "arguments": {}}',  # answered wherever the schema admits it
+                         '{"name": "mv", "arguments": {"source": "x", "destination": "y"}}'), [first, second], 2,
+                SAMPLING)
+    assert [[c.name for c in run.calls] for run in acted.runs] == [["cd", "mv", "pwd"], ["mv", "pwd"]]
