@@ -1,5 +1,6 @@
 """The demo preset's own learner settings: a task validated during a step joins the pool before the next
-step, and that step draws it (fresh_first), so the loop's last edge closes within the demo's three steps."""
+step, and that step draws it (fresh_first); later steps keep drawing synthesized tasks for half the batch
+(synthetic_share), so a task whose first group scored alike gets more chances within the demo's six steps."""
 from coevolve.services.learner.config import LearnerSettings
 from coevolve.services.learner.sampler import load_problem
 from coevolve.services.learner.service import Learner
@@ -35,6 +36,8 @@ def test_the_demo_pool_takes_a_validated_task_between_steps_and_the_next_step_dr
     second = pool.draw(b)
     assert [d.task.task_id for d in second if d.source == "synthesized"] == ["synthesized_demo"]
     assert len(second) == b and len({d.task.task_id for d in second}) == b
+    later = [d.source for _ in range(200) for d in pool.draw(b)]
+    assert 0.4 < later.count("synthesized") / len(later) < 0.6  # learner.synthetic_share 0.5
 
 
 def test_the_demo_explorer_falls_back_on_the_learners_own_seed_tasks():
