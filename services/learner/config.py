@@ -202,6 +202,9 @@ class LearnerConfig(ServiceConfig):
     eval_every: int = doc(0, "Evaluate greedily every this many steps and after the last; 0 never.")
     eval_split: str = doc("test", "Split evaluated: test (held out), train or all.")
     eval_tasks: int = doc(0, "Tasks of the split evaluated; 0 evaluates all.")
+    eval_subjects: bool = doc(False, "Each evaluation also runs, greedily, the subjects of the signals that led to "
+                                     "a task in the pool (split `subjects`): whether a weakness was repaired "
+                                     "after its tasks were trained on (summary.json's repair).")
     checkpoint_every: int = doc(1, "Checkpoint every this many steps (and always at the end or on stop).")
     keep_checkpoints: int = doc(2, "Checkpoints kept in workdir (older ones are deleted); 0 keeps all.")
     dynamic_sampling: bool = doc(False, "Replace groups whose K rewards are all equal with new draws (DAPO).")

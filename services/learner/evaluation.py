@@ -36,6 +36,23 @@ def evaluate(backend: Any, backend_cfg: BackendConfig, cfg: LearnerConfig, limit
             "produced_at": int(time.time() * 1000)}
 
 
+def evaluate_subjects(backend: Any, tasks: list, cfg: LearnerConfig, limits: EpisodeLimits, max_new_tokens: int,
+                      run_id: str, step: int) -> dict[str, Any] | None:
+    """Greedy episodes of the signals' subjects (`TaskPool.subject_tasks`), as an `EvaluationCompleted`
+    of split `subjects`; None when there is none."""
+    if not tasks:
+        return None
+    started = time.monotonic()
+    greedy = SamplingConfig(temperature=0.0, max_new_tokens=max_new_tokens)
+    episodes = run_episodes(tasks, "bfcl", backend, greedy, limits, max_in_flight=cfg.in_flight)
+    scores = [float(e.score) for e in episodes]
+    return {"event_id": evaluation_event_id(run_id, step, "subjects"), "run_id": run_id, "step": step,
+            "policy_version": backend.version, "split": "subjects", "env": "bfcl", "task_count": len(episodes),
+            "success_rate": sum(e.success for e in episodes) / len(episodes), "mean_score": sum(scores) / len(scores),
+            "task_ids": [e.task_id for e in episodes], "scores": scores,
+            "duration_seconds": time.monotonic() - started, "produced_at": int(time.time() * 1000)}
+
+
 def due(cfg: LearnerConfig, step: int) -> bool:
     """Whether step `step` ends with an evaluation: every `eval_every` steps and after the last."""
     return cfg.eval_every > 0 and (step % cfg.eval_every == 0 or step == cfg.steps)

@@ -61,6 +61,8 @@ class Entry:
     published: bool = False
     policy_update: dict[str, Any] | None = None
     """The step's `PolicyUpdated` record; None when it pushed nothing."""
+    subjects: dict[str, Any] | None = None
+    """The step's evaluation of the signals' subjects (`eval_subjects`); None when it ran none."""
 
 
 def journal_dir(workdir: Path) -> Path:
@@ -89,7 +91,8 @@ def write(workdir: Path, entry: Entry) -> Path:
                                 "logprobs": [float(p) for p in s.logprobs], "advantage": float(s.advantage)}
                                for s in entry.batch])
     _dump(tmp / "records.json", {"trajectories": entry.trajectories, "evaluation": entry.evaluation,
-                                 "record": entry.record.to_event(), "policy_update": entry.policy_update})
+                                 "record": entry.record.to_event(), "policy_update": entry.policy_update,
+                                 "subjects": entry.subjects})
     _dump(tmp / "state.json", {"step": entry.step, "run_id": entry.run_id, "trained": entry.trained,
                                "policy_version": entry.policy_version, "engine_steps": entry.engine_updates,
                                "sampler": entry.sampler})
@@ -117,7 +120,8 @@ def read(path: Path) -> Entry:
                  batch=batch, trajectories=records["trajectories"], evaluation=records["evaluation"],
                  record=StepRecord.from_event(_load(path / "published.json") if published else records["record"]),
                  policy_version=int(state["policy_version"]), engine_updates=int(state["engine_steps"]),
-                 sampler=state["sampler"], published=published, policy_update=records.get("policy_update"))
+                 sampler=state["sampler"], published=published, policy_update=records.get("policy_update"),
+                 subjects=records.get("subjects"))
 
 
 def complete(workdir: Path) -> dict[int, Path]:

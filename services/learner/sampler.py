@@ -95,6 +95,7 @@ class TaskPool:
         self.loadable: set[str] = set()  # ids whose current task passed `check`
         self.dropped_seeds: set[str] = set()
         self.drawn: set[str] = set()  # synthesized task ids drawn at least once (fresh_first)
+        self.subjects: dict[str, str] = {}  # synthesized task id -> the task its signal named (its parent)
         self._unloadable: list[Unloadable] = []
         self._pending: list[tuple[dict[str, Any], Origin | None]] = []
         self._lock = threading.Lock()
@@ -148,6 +149,15 @@ class TaskPool:
             return
         self.synthesized[task_id] = (task, step)
         self.loadable.add(task_id)
+        if record.get("signal_ids") and record.get("seed_task_id"):
+            self.subjects[task_id] = str(record["seed_task_id"])
+
+    def subject_tasks(self) -> list[Task]:
+        """The tasks whose weakness signals led to a task in the pool (each once, in id order): what a
+        repair evaluation runs. A subject that is neither a seed nor a synthesized task of the pool is left
+        out (a seed task of another category)."""
+        known = {**self.seed, **{k: t for k, (t, _) in self.synthesized.items()}}
+        return [known[k] for k in sorted(set(self.subjects.values())) if k in known]
 
     def _drop(self, bad: Unloadable) -> None:
         self.synthesized.pop(bad.task_id, None)
@@ -236,7 +246,8 @@ class TaskPool:
         return {"rng": [version, list(internal), gauss], "step": self.step, "frozen": self.frozen,
                 "synthesized": [{"task": t.to_record(), "joined": joined}
                                 for t, joined in (self.synthesized[k] for k in sorted(self.synthesized))],
-                "dropped_seeds": sorted(self.dropped_seeds), "drawn": sorted(self.drawn)}
+                "dropped_seeds": sorted(self.dropped_seeds), "drawn": sorted(self.drawn),
+                "subjects": dict(sorted(self.subjects.items()))}
 
     def restore(self, state: dict[str, Any]) -> None:
         version, internal, gauss = state["rng"]
@@ -245,6 +256,7 @@ class TaskPool:
         self.frozen = bool(state.get("frozen", False))
         self.dropped_seeds = set(state.get("dropped_seeds", ())) | self.dropped_seeds
         self.drawn = set(state.get("drawn", ()))
+        self.subjects = dict(state.get("subjects", {}))
         for task_id in self.dropped_seeds:
             self.seed.pop(task_id, None)
         self.loadable = set()

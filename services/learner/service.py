@@ -42,7 +42,7 @@ from coevolve.services.kafka.topics import DEADLETTER, EVALUATIONS, POLICY, STEP
 from coevolve.services.learner import checkpoint as ckpt
 from coevolve.services.learner import journal
 from coevolve.services.learner.config import LearnerConfig, LearnerSettings, rollout_backend
-from coevolve.services.learner.evaluation import due, evaluate
+from coevolve.services.learner.evaluation import due, evaluate, evaluate_subjects
 from coevolve.services.learner.ranks import Driver, Ranks, complete, init_group, share
 from coevolve.services.learner.sampler import TaskFeed, TaskPool
 from coevolve.services.learner.record import PHASES, StepRecord
@@ -284,8 +284,8 @@ class Learner(Service):
                 raise RuntimeError(f"{path} was journaled after engine update {entry.engine_updates}, its replay "
                                    f"reached {self.engine.updates}: the journal does not continue the checkpoint")
             self.pool.restore(entry.sampler)
-            self._publish(path, entry.trajectories, entry.evaluation, entry.record, published=entry.published,
-                          policy_update=entry.policy_update)
+            self._publish(path, entry.trajectories, [entry.evaluation, entry.subjects], entry.record,
+                          published=entry.published, policy_update=entry.policy_update)
             self.done, version, self.pool_state = entry.step, entry.policy_version, entry.sampler
             self.m_replayed.inc()
             self.beat()
@@ -309,17 +309,23 @@ class Learner(Service):
             raise
         finally:
             self._report_unloadable()  # tasks the pool refused as they arrived, or the step's draws dropped
-        record, evaluation = result.record, None
+        record, evaluation, subjects = result.record, None, None
         if due(self.cfg, step):
             evaluation = evaluate(self.backend, self.backend_cfg, self.cfg, self.limits,
                                   self.sampling.max_new_tokens, self.run_id, step)
             record = record.evaluated(evaluation["success_rate"])
+            if self.cfg.eval_subjects:
+                with self.pool.guard:
+                    tasks = self.pool.subject_tasks()
+                subjects = evaluate_subjects(self.backend, tasks, self.cfg, self.limits, self.sampling.max_new_tokens,
+                                             self.run_id, step)
         started = time.perf_counter()
         sampler = result.pool_state
         path = journal.write(self.cfg.workdir, journal.Entry(
             step, self.run_id, result.trained, result.batch, result.trajectories, evaluation, record,
-            self.backend.version, self.engine.updates, sampler, policy_update=result.policy_update))
-        record = self._publish(path, result.trajectories, evaluation, record, started=started,
+            self.backend.version, self.engine.updates, sampler, policy_update=result.policy_update,
+            subjects=subjects))
+        record = self._publish(path, result.trajectories, [evaluation, subjects], record, started=started,
                                policy_update=result.policy_update)
         self.done, self.last, self.pool_state = step, dataclasses.replace(result, record=record), sampler
         self.blocked += record.blocked_seconds
@@ -332,11 +338,11 @@ class Learner(Service):
         if step >= self.cfg.steps:
             self.stop()
 
-    def _publish(self, path: Path, trajectories: list[dict[str, Any]], evaluation: dict[str, Any] | None,
+    def _publish(self, path: Path, trajectories: list[dict[str, Any]], evaluations: list[dict[str, Any] | None],
                  record: StepRecord, published: bool = False, started: float | None = None,
                  policy_update: dict[str, Any] | None = None) -> StepRecord:
-        """Trajectories first, confirmed; then the policy update, the evaluation and the step record, which
-        is returned.
+        """Trajectories first, confirmed; then the policy update, the evaluations (held-out, subjects) and
+        the step record, which is returned.
 
         A step record not sent before gets its publish time (since `started`: the journal write
         counts) and is kept in the journal entry at `path` before it is sent, so a replay sends this
@@ -350,8 +356,9 @@ class Learner(Service):
             journal.mark_published(path, record)
         if policy_update is not None:
             self.producer.send(POLICY.name, policy_update, key=self.run_id)
-        if evaluation is not None:
-            self.producer.send(EVALUATIONS.name, evaluation, key=self.run_id)
+        for evaluation in evaluations:
+            if evaluation is not None:
+                self.producer.send(EVALUATIONS.name, evaluation, key=self.run_id)
         self.producer.send(STEPS.name, record.to_event(), key=self.run_id)
         self.producer.flush()
         return record

@@ -123,13 +123,14 @@ def _last(values: dict) -> Any:
 def collect(cell: Cell) -> dict[str, Any]:
     """One run's row of the table, from its summary.json."""
     summary = json.loads(cell.summary_path.read_text())
-    final = max(summary["evaluations"], key=lambda e: e["step"], default=None)
+    held_out = [e for e in summary["evaluations"] if e.get("split") != "subjects"]
+    final = max(held_out, key=lambda e: e["step"], default=None)
     return {"seed": cell.seed, "run_id": summary["run_id"], "workdir": str(cell.workdir),
             "eval_success": final and final["success_rate"], "eval_score": final and final["mean_score"],
             "train_reward_last": _last(summary["train_reward"]), "tasks_validated": summary["tasks_validated"],
             "synthesized_trained": summary.get("synthesized_trained"), "signals": summary["signals"],
             "wall_seconds": round(sum(summary["wall_seconds"].values()), 1),
-            "evaluations": {e["step"]: e["mean_score"] for e in summary["evaluations"]},
+            "evaluations": {e["step"]: e["mean_score"] for e in held_out},
             "origin": summary.get("origin") or {}, "targeting": summary.get("targeting") or {},
             "repair": summary.get("repair") or {}}
 

@@ -13,9 +13,10 @@ Pure functions over what a `Tally` keeps of the run's events (plain dicts, no br
   task from an unguided strategy against every signal raised up to its step, which makes the unguided
   strategies' share the base rate: how often a task lands on a weak spot without aiming.
 - **Repair.** For each forgetting or boundary signal: its subject task's score when raised (the
-  attempt's mean), and its mean score at later draws. For an explored signal, "later" starts after the
-  first step that trained on a task made from it; for a signal that was not explored, after the step
-  it was raised. Subjects not drawn again give no figure.
+  attempt's mean), and its mean score at later draws and at later evaluations of the subjects
+  (`learner.eval_subjects`, greedy). For an explored signal, "later" starts after the first step that
+  trained on a task made from it; for a signal that was not explored, after the step it was raised.
+  Subjects neither drawn nor evaluated again give no figure.
 - **Lineage.** Each validated task with its parent (the task whose environment was explored), its
   generation (1 for a task made from a BFCL task, 2 for one made from that, ...), the signal that led
   to it, the steps that drew and trained on it.
@@ -56,11 +57,14 @@ def raised_score(signal: Mapping[str, Any]) -> float | None:
 
 class Mechanism:
     """The run's tasks traced back to their signals. `explorations`, `signals` and `tasks` map event or
-    task ids to the events' fields; `scores` maps (task, step) to the rollout scores of that draw."""
+    task ids to the events' fields; `scores` maps (task, step) to the rollout scores of that draw, and
+    `evaluated` to the greedy score of a subjects evaluation at that step."""
 
     def __init__(self, explorations: Mapping[str, Mapping[str, Any]], signals: Mapping[str, Mapping[str, Any]],
-                 tasks: Mapping[str, Mapping[str, Any]], scores: Mapping[tuple[str, int], list[float]]):
+                 tasks: Mapping[str, Mapping[str, Any]], scores: Mapping[tuple[str, int], list[float]],
+                 evaluated: Mapping[tuple[str, int], float] | None = None):
         self.explorations, self.signals, self.tasks, self.scores = explorations, signals, tasks, scores
+        self.evaluated = evaluated or {}
         self.validated = {k: t for k, t in tasks.items() if t.get("verdict") == "validated"}
 
     def origin(self, task_id: str) -> tuple[str, str | None]:
@@ -133,7 +137,9 @@ class Mechanism:
                 group, after = "explored", (trained[0] if trained else None)
             else:
                 group, after = "not_explored", int(signal["step"])
-            later = [x for step, s in self.draws(subject).items() if after is not None and step > after for x in s]
+            later = [] if after is None else [x for step, s in self.draws(subject).items() if step > after for x in s]
+            later += [x for (task, step), x in self.evaluated.items() if task == subject and after is not None
+                      and step > after]
             if later:
                 groups[group].append((raised, sum(later) / len(later)))
             else:

@@ -30,6 +30,7 @@ class Tally:
     verdicts: dict[str, dict[str, Any]] = field(default_factory=dict)
     signal_events: dict[str, dict[str, Any]] = field(default_factory=dict)
     exploration_events: dict[str, dict[str, Any]] = field(default_factory=dict)
+    subject_scores: dict[tuple[str, int], float] = field(default_factory=dict)
     """What origin, targeting, repair and lineage read of each signal and exploration (`mechanism`)."""
     evaluations: list[dict[str, Any]] = field(default_factory=list)
     deadletters: Counter = field(default_factory=Counter)
@@ -85,9 +86,13 @@ class Tally:
     @property
     def mechanism(self) -> Mechanism:
         """The run's tasks traced back to their signals (origin, targeting, repair, lineage)."""
-        return Mechanism(self.exploration_events, self.signal_events, self.verdicts, self.scores)
+        return Mechanism(self.exploration_events, self.signal_events, self.verdicts, self.scores, self.subject_scores)
 
     def _on_EvaluationCompleted(self, e: dict) -> None:  # noqa: N802
+        if e.get("split") == "subjects":  # the signals' subjects (learner.eval_subjects): repair, not held-out
+            for task_id, score in zip(e.get("task_ids") or (), e.get("scores") or ()):
+                self.subject_scores[(str(task_id), int(e["step"]))] = float(score)
+            return
         self.evaluations.append({k: e.get(k) for k in ("step", "split", "task_count", "success_rate", "mean_score",
                                                        "policy_version", "duration_seconds")})
 

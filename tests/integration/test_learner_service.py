@@ -155,3 +155,22 @@ def test_zero_steps_evaluate_the_starting_policy_once_and_train_nothing(bootstra
     (evaluation,) = read(bootstrap, [EVALUATIONS.name])
     assert (evaluation["step"], evaluation["task_count"], evaluation["policy_version"]) == (0, 1, 0)
     assert read(bootstrap, [STEPS.name, TRAJECTORIES.name]) == []
+
+
+def test_the_subjects_of_the_signals_behind_pooled_tasks_are_evaluated_apart_from_the_held_out_split(
+        bootstrap, tmp_path):
+    subject = SeedPoolConfig(seed_tasks=3).tasks()[1].task_id
+    with EventProducer(bootstrap) as producer:
+        producer.send(TASKS.name, {**task_checked("validated", "syn-from-signal"), "signal_ids": ["sig-1"],
+                                   "seed_task_id": subject}, key="syn-from-signal")
+        producer.send(TASKS.name, {**task_checked("validated", "syn-random"), "seed_task_id": "multi_turn_base_9"},
+                      key="syn-random")
+        producer.flush()
+    learner(bootstrap, tmp_path, steps=2, run_id="run-sub", eval_every=2, eval_tasks=1, eval_subjects=True).run()
+    evaluations = {e["split"]: e for e in read(bootstrap, [EVALUATIONS.name])}
+    assert set(evaluations) == {"test", "subjects"} and evaluations["test"]["task_count"] == 1
+    subjects = evaluations["subjects"]
+    assert subjects["event_id"] == "eval-run-sub-2-subjects" and subjects["task_ids"] == [subject]
+    assert len(subjects["scores"]) == 1 and subjects["step"] == 2
+    (step,) = [s for s in read(bootstrap, [STEPS.name]) if s["step"] == 2]
+    assert step["eval_score"] == evaluations["test"]["success_rate"]  # the held-out figure, not the subjects'

@@ -192,3 +192,23 @@ def test_the_feed_offers_verdicts_and_dead_letters_every_other_event_type():
                                             "TaskChecked events from it")]
     assert feed.received == 1 and p.pending == 1 and feed.error is None
     assert made.closed == [True, True]  # the consumer and its dead-letter producer
+
+
+def test_the_pool_knows_the_subjects_of_the_signals_behind_its_tasks_across_a_restore():
+    from coevolve.services.envs import bfcl_data
+    from coevolve.services.learner.config import SamplerConfig
+    from coevolve.services.learner.sampler import TaskPool
+
+    seeds = bfcl_data.seed_pool(["multi_turn_base"], 3)
+    pool = TaskPool(seeds, SamplerConfig(), check=lambda task: None)
+    child = {**seeds[0].to_record(), "task_id": "syn-a", "verdict": "validated", "source": "synthesized",
+             "signal_ids": ["s1"], "seed_task_id": seeds[1].task_id}
+    unguided = {**child, "task_id": "syn-b", "signal_ids": [], "seed_task_id": seeds[2].task_id}
+    grandchild = {**child, "task_id": "syn-c", "seed_task_id": "syn-a"}
+    for record in (child, unguided, grandchild):
+        pool.offer(record)
+    pool.refresh(1)
+    assert [t.task_id for t in pool.subject_tasks()] == [seeds[1].task_id, "syn-a"]
+    again = TaskPool(seeds, SamplerConfig(), check=lambda task: None)
+    again.restore(pool.state())
+    assert [t.task_id for t in again.subject_tasks()] == [seeds[1].task_id, "syn-a"]

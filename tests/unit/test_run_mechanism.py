@@ -59,3 +59,14 @@ def test_the_terminal_names_where_a_steps_synthesized_tasks_came_from():
                                     "on 1 (1 signal-guided (boundary 1)); on a weak spot's tools: random-fallback "
                                     "1 of 1, signal-guided 2 of 2")
     assert isinstance(Mechanism({}, {}, {}, {}).summary()["lineage"], list)
+
+
+def test_a_subjects_evaluation_counts_as_a_later_measurement_and_stays_out_of_the_held_out_evaluations():
+    tally = _run()
+    tally.add("EvaluationCompleted", {"event_id": "eval-r-5-subjects", "run_id": "r", "step": 5, "split": "subjects",
+                                      "task_ids": ["multi_turn_base_1", "multi_turn_base_2"], "scores": [1.0, 0.0]})
+    assert tally.evaluations == [] and tally.subject_scores == {("multi_turn_base_1", 5): 1.0,
+                                                                ("multi_turn_base_2", 5): 0.0}
+    repair = tally.mechanism.repair()
+    assert repair["explored"]["score_later"] == (1.0 + 0.5 + 1.0) / 3  # the draws at step 4, the evaluation at 5
+    assert repair["not_explored"]["score_later"] == (0.25 + 0.25 + 0.0) / 3
