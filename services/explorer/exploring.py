@@ -16,6 +16,7 @@ fallback, recorded as `random-fallback`); `static` explores once at start.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
@@ -223,6 +224,10 @@ def explore_plan(plan: Plan, backend, config: ExplorerConfig, sampling: Sampling
     out = Outcome()
     catalog = catalog if catalog is not None else TaskCatalog()  # an empty catalog is falsy
     tool_docs = (limits or EpisodeLimits()).tool_docs
+    json_sampling = json_sampling or sampling
+    # A call is a JSON answer too: a model that fills each string to its bound (tiny-random) needs the JSON
+    # budget to close it (with the smoke preset's 48 new tokens no call of its random arm fit the schema).
+    sampling = dataclasses.replace(sampling, max_new_tokens=max(sampling.max_new_tokens, json_sampling.max_new_tokens))
     if config.strategy == "static":  # explored once at start (`explore_static`), nothing during training
         return out
     if config.strategy == "random" and plan.gathered:
@@ -230,8 +235,7 @@ def explore_plan(plan: Plan, backend, config: ExplorerConfig, sampling: Sampling
     elif config.strategy == "random-calls" and plan.gathered:
         _random_calls(plan, config, budget, catalog, seed_ids, out, config.signals_per_step, "random-calls")
     elif config.strategy == "signal-guided":
-        _guided(plan, backend, config, sampling, budget, model, out, json_sampling or sampling, catalog, seed_ids,
-                tool_docs)
+        _guided(plan, backend, config, sampling, budget, model, out, json_sampling, catalog, seed_ids, tool_docs)
     if config.fallback_tasks and not _found(out.records):
         explored = len(out.records)
         _random_calls(plan, config, budget, catalog, seed_ids, out, config.fallback_tasks, FALLBACK)
