@@ -14,7 +14,8 @@ from coevolve.services.analytics.view import View, query_rows
 def _origin(db: str) -> str:
     """One row per synthesized task with a verdict: its strategy, signal kind and signals' subjects."""
     return f"""SELECT t.run_id AS run_id, t.task_id AS task_id, any(t.verdict) AS verdict, any(t.step) AS step,
-            any(ifNull(t.seed_task_id, '')) AS parent, anyIf(toString(e.strategy), e.event_id != '') AS strategy,
+            any(ifNull(t.seed_task_id, '')) AS parent,
+            if(countIf(e.event_id != '') = 0, 'unknown', anyIf(toString(e.strategy), e.event_id != '')) AS strategy,
             anyIf(ifNull(e.signal_kind, ''), e.event_id != '') AS kind, any(t.signal_ids) AS signal_ids,
             groupUniqArray(e.event_id) AS explorations
         FROM {db}.tasks AS t FINAL LEFT ARRAY JOIN t.exploration_ids AS exploration_id

@@ -19,7 +19,8 @@ from tests.loop_events import loop_run
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 COEVOLVE = str(Path(sys.executable).with_name("coevolve"))
 PLOTS = {"signals_per_step.png", "validation_pass_rate.png", "turn_distribution.png", "reward_eval.png",
-         "task_success_sim-run.png", "rare_patterns.png", "verdicts.png"}  # the simulator's verdicts have reasons
+         "task_success_sim-run.png", "rare_patterns.png", "verdicts.png",  # the simulator's verdicts have reasons
+         "task_origin.png"}  # its validated tasks, of unknown origin (no explorations)
 LOOP_PLOTS = {"evaluation.png", "task_pool.png", "step_time.png", "explorations.png", "verdicts.png"}
 
 

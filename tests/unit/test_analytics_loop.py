@@ -27,6 +27,8 @@ def _views() -> dict[str, View]:
                              [["a", 1, "signal-guided", 2], ["a", 1, "random-fallback", 1], ["a", 3, "random", 4]]),
         "verdicts": View("verdicts", "verdicts", ["run_id", "verdict", "stage", "reason", "tasks"], VERDICTS),
         "stage_funnel": View("stage_funnel", "funnel", ["run_id", "stage", "reached", "passed", "pass_rate"], []),
+        "task_origin": View("task_origin", "origin", ["run_id", "strategy", "signal_kind", "validated", "trained_on"],
+                            [["a", "signal-guided", "boundary", 3, 2], ["a", "random-fallback", "", 1, 0]]),
     }
 
 
@@ -62,7 +64,7 @@ def test_every_loop_plot_is_drawn_from_its_rows(tmp_path):
     files = draw_loop(_views(), tmp_path)
     assert {n: [p.name for p in f] for n, f in files.items()} == {
         "evaluation": ["evaluation.png"], "pool": ["task_pool.png"], "step_time": ["step_time.png"],
-        "explorations": ["explorations.png"], "verdicts": ["verdicts.png"]}
+        "explorations": ["explorations.png"], "verdicts": ["verdicts.png"], "task_origin": ["task_origin.png"]}
     for paths in files.values():
         pixels = matplotlib.image.imread(paths[0])
         assert pixels.shape[0] > 300 and pixels.std() > 0.05, paths[0]
