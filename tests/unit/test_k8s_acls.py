@@ -22,7 +22,7 @@ WRITES = {"learner": {TRAJECTORIES.name, STEPS.name, EVALUATIONS.name, POLICY.na
           "validator": {TASKS.name, DEADLETTER.name},
           "archiver": {DEADLETTER.name}}
 READS = {"learner": {TASKS.name}, "streams-worker": {TRAJECTORIES.name, STEPS.name},
-         "explorer": {SIGNALS.name, STEPS.name}, "validator": {EXPLORATIONS.name, TASKS.name}}
+         "explorer": {SIGNALS.name, STEPS.name, TASKS.name}, "validator": {EXPLORATIONS.name, TASKS.name}}
 
 
 @pytest.fixture(scope="module")
