@@ -69,12 +69,18 @@ class TaskCatalog:
 
     def lineage(self, task_id: str) -> list[str]:
         """The task's ancestors, parent first, back to a BFCL task."""
-        out: list[str] = []
-        while task_id in self.parents and self.parents[task_id] not in out:  # a cycle cannot loop
-            task_id = self.parents[task_id]
-            out.append(task_id)
-        return out
+        return ancestors(self.parents, task_id)
 
     def generation(self, task_id: str) -> int:
         """0 for a BFCL task, 1 for a task made from one, 2 for one made from that..."""
         return len(self.lineage(task_id))
+
+
+def ancestors(parents: Mapping[str, Any], task_id: str) -> list[Any]:
+    """`task_id`'s ancestors by `parents` (task -> the task it was made from), parent first; a cycle
+    ends the walk instead of looping."""
+    out: list[str] = []
+    while task_id in parents and parents[task_id] not in out:
+        task_id = parents[task_id]
+        out.append(task_id)
+    return out

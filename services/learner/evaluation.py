@@ -18,39 +18,37 @@ def evaluation_event_id(run_id: str, step: int, split: str) -> str:
     return f"eval-{run_id}-{step}-{split}"
 
 
-def evaluate(backend: Any, backend_cfg: BackendConfig, cfg: LearnerConfig, limits: EpisodeLimits,
-             max_new_tokens: int, run_id: str, step: int) -> dict[str, Any]:
-    """Evaluate the backend's current policy greedily; return the `EvaluationCompleted` record."""
-    config = EvalConfig(split=cfg.eval_split, limit=cfg.eval_tasks, in_flight=cfg.in_flight,
-                        max_new_tokens=max_new_tokens)
-    tasks = eval_tasks(config)
+def _greedy(backend: Any, backend_cfg: BackendConfig, config: EvalConfig, tasks: list, limits: EpisodeLimits,
+            run_id: str, step: int, split: str) -> dict[str, Any]:
+    """Greedy episodes of `tasks` as the `EvaluationCompleted` record of `split`."""
     started = time.monotonic()
-    greedy = SamplingConfig(temperature=0.0, max_new_tokens=max_new_tokens)
+    greedy = SamplingConfig(temperature=0.0, max_new_tokens=config.max_new_tokens)
     episodes = run_episodes(tasks, config.env, backend, greedy, limits, max_in_flight=config.in_flight)
     summary = summarize(episodes, backend_cfg, config, time.monotonic() - started)
-    return {"event_id": evaluation_event_id(run_id, step, cfg.eval_split), "run_id": run_id, "step": step,
-            "policy_version": backend.version, "split": cfg.eval_split, "env": config.env,
+    return {"event_id": evaluation_event_id(run_id, step, split), "run_id": run_id, "step": step,
+            "policy_version": backend.version, "split": split, "env": config.env,
             "task_count": summary["tasks"], "success_rate": summary["accuracy"],
             "mean_score": summary["mean_score"], "task_ids": [r["task_id"] for r in summary["results"]],
             "scores": [float(r["score"]) for r in summary["results"]], "duration_seconds": summary["seconds"],
             "produced_at": int(time.time() * 1000)}
 
 
-def evaluate_subjects(backend: Any, tasks: list, cfg: LearnerConfig, limits: EpisodeLimits, max_new_tokens: int,
-                      run_id: str, step: int) -> dict[str, Any] | None:
+def evaluate(backend: Any, backend_cfg: BackendConfig, cfg: LearnerConfig, limits: EpisodeLimits,
+             max_new_tokens: int, run_id: str, step: int) -> dict[str, Any]:
+    """Evaluate the backend's current policy greedily; return the `EvaluationCompleted` record."""
+    config = EvalConfig(split=cfg.eval_split, limit=cfg.eval_tasks, in_flight=cfg.in_flight,
+                        max_new_tokens=max_new_tokens)
+    return _greedy(backend, backend_cfg, config, eval_tasks(config), limits, run_id, step, cfg.eval_split)
+
+
+def evaluate_subjects(backend: Any, backend_cfg: BackendConfig, tasks: list, cfg: LearnerConfig,
+                      limits: EpisodeLimits, max_new_tokens: int, run_id: str, step: int) -> dict[str, Any] | None:
     """Greedy episodes of the signals' subjects (`TaskPool.subject_tasks`), as an `EvaluationCompleted`
     of split `subjects`; None when there is none."""
     if not tasks:
         return None
-    started = time.monotonic()
-    greedy = SamplingConfig(temperature=0.0, max_new_tokens=max_new_tokens)
-    episodes = run_episodes(tasks, "bfcl", backend, greedy, limits, max_in_flight=cfg.in_flight)
-    scores = [float(e.score) for e in episodes]
-    return {"event_id": evaluation_event_id(run_id, step, "subjects"), "run_id": run_id, "step": step,
-            "policy_version": backend.version, "split": "subjects", "env": "bfcl", "task_count": len(episodes),
-            "success_rate": sum(e.success for e in episodes) / len(episodes), "mean_score": sum(scores) / len(scores),
-            "task_ids": [e.task_id for e in episodes], "scores": scores,
-            "duration_seconds": time.monotonic() - started, "produced_at": int(time.time() * 1000)}
+    config = EvalConfig(in_flight=cfg.in_flight, max_new_tokens=max_new_tokens)
+    return _greedy(backend, backend_cfg, config, tasks, limits, run_id, step, "subjects")
 
 
 def due(cfg: LearnerConfig, step: int) -> bool:

@@ -317,8 +317,8 @@ class Learner(Service):
             if self.cfg.eval_subjects:
                 with self.pool.guard:
                     tasks = self.pool.subject_tasks()
-                subjects = evaluate_subjects(self.backend, tasks, self.cfg, self.limits, self.sampling.max_new_tokens,
-                                             self.run_id, step)
+                subjects = evaluate_subjects(self.backend, self.backend_cfg, tasks, self.cfg, self.limits,
+                                             self.sampling.max_new_tokens, self.run_id, step)
         started = time.perf_counter()
         sampler = result.pool_state
         path = journal.write(self.cfg.workdir, journal.Entry(

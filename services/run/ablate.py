@@ -143,8 +143,9 @@ def mechanism(runs: list[dict]) -> dict[str, Any]:
     repair: dict[str, dict[str, Any]] = {}
     for run in runs:
         for key, counts in run["origin"].items():
+            summed = origin.setdefault(key, {})
             for name, n in counts.items():
-                origin.setdefault(key, {})[name] = origin.get(key, {}).get(name, 0) + n
+                summed[name] = summed.get(name, 0) + n
         for strategy, t in run["targeting"].items():
             pooled = targeting.setdefault(strategy, {"tasks": 0, "targeted": 0})
             pooled["tasks"] += t["tasks"]

@@ -27,6 +27,8 @@ import re
 from collections import Counter, defaultdict
 from typing import Any, Iterable, Mapping
 
+from coevolve.services.envs.catalog import ancestors
+
 UNGUIDED = ("random", "random-calls", "random-fallback", "static")
 _CALL_NAME = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*\(")
 
@@ -64,8 +66,13 @@ class Mechanism:
                  tasks: Mapping[str, Mapping[str, Any]], scores: Mapping[tuple[str, int], list[float]],
                  evaluated: Mapping[tuple[str, int], float] | None = None):
         self.explorations, self.signals, self.tasks, self.scores = explorations, signals, tasks, scores
-        self.evaluated = evaluated or {}
         self.validated = {k: t for k, t in tasks.items() if t.get("verdict") == "validated"}
+        self._draws: dict[str, dict[int, list[float]]] = defaultdict(dict)
+        for (task, step), s in scores.items():
+            self._draws[task][step] = s
+        self._evaluated: dict[str, dict[int, float]] = defaultdict(dict)
+        for (task, step), score in (evaluated or {}).items():
+            self._evaluated[task][step] = score
 
     def origin(self, task_id: str) -> tuple[str, str | None]:
         """(strategy, signal kind or None) of a task, from its explorations."""
@@ -76,7 +83,8 @@ class Mechanism:
         return "unknown", None
 
     def draws(self, task_id: str) -> dict[int, list[float]]:
-        return {step: s for (task, step), s in self.scores.items() if task == task_id}
+        """Step -> the rollout scores of the task drawn at that step."""
+        return self._draws.get(task_id, {})
 
     def trained_steps(self, task_id: str) -> list[int]:
         return sorted(step for step, s in self.draws(task_id).items() if len(set(s)) > 1)
@@ -137,9 +145,9 @@ class Mechanism:
                 group, after = "explored", (trained[0] if trained else None)
             else:
                 group, after = "not_explored", int(signal["step"])
-            later = [] if after is None else [x for step, s in self.draws(subject).items() if step > after for x in s]
-            later += [x for (task, step), x in self.evaluated.items() if task == subject and after is not None
-                      and step > after]
+            later = [] if after is None else [
+                *(x for step, s in self.draws(subject).items() if step > after for x in s),
+                *(x for step, x in self._evaluated.get(subject, {}).items() if step > after)]
             if later:
                 groups[group].append((raised, sum(later) / len(later)))
             else:
@@ -155,21 +163,14 @@ class Mechanism:
 
     def lineage(self) -> list[dict[str, Any]]:
         """One row per validated task, oldest first."""
-        parents = {k: t.get("seed_task_id") for k, t in self.validated.items()}
-
-        def generation(task_id: str) -> int:
-            depth, seen = 0, set()
-            while task_id in parents and task_id not in seen:
-                seen.add(task_id)
-                task_id, depth = parents[task_id], depth + 1
-            return depth
-
+        parents = {k: t.get("seed_task_id") for k, t in self.validated.items()}  # None: made from an unknown task
         rows = []
         for task_id, task in sorted(self.validated.items(), key=lambda kv: (int(kv[1]["step"]), kv[0])):
             strategy, kind = self.origin(task_id)
             subjects = sorted({str(self.signals[i].get("subject")) for i in task.get("signal_ids") or ()
                                if i in self.signals})
-            rows.append({"task_id": task_id, "parent": task.get("seed_task_id"), "generation": generation(task_id),
+            rows.append({"task_id": task_id, "parent": task.get("seed_task_id"),
+                         "generation": len(ancestors(parents, task_id)),
                          "strategy": strategy, "signal_kind": kind, "signal_ids": list(task.get("signal_ids") or ()),
                          "subjects": subjects, "validated_at": int(task["step"]),
                          "drawn": sorted(self.draws(task_id)), "trained": self.trained_steps(task_id)})

@@ -149,7 +149,7 @@ class Tally:
         if not rollouts:
             return None
         mechanism = self.mechanism
-        trained = sorted(t for t in self.verdicts if step in mechanism.trained_steps(t))
+        trained = sorted(t for t in mechanism.validated if step in mechanism.trained_steps(t))
         origins = sorted({mechanism.describe(t) for t in trained})
         return (f"step {step}: trained on {tasks} synthesized task{'s' if tasks != 1 else ''} "
                 f"({rollouts} rollout{'s' if rollouts != 1 else ''})" + (f", {'; '.join(origins)}" if origins else ""))
