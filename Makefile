@@ -36,7 +36,7 @@ bench: $(STAMP)
 clean:
 	rm -rf $(VENV) .coevolve
 
-# The validators of the Kubernetes manifests (tests/unit/test_k8s_validate.py) in their own venv:
+# The validators of the Kubernetes manifests (tests/manifests/test_k8s_validate.py) in their own venv:
 # checkov pins dependencies that clash with the project's.
 TOOLS := .venv-tools
 TOOLS_STAMP := $(TOOLS)/.installed

@@ -23,10 +23,3 @@ def bootstrap(broker) -> str:
     create_topics(broker.bootstrap)
     return broker.bootstrap
 
-
-@pytest.fixture(scope="module")
-def module_bootstrap():
-    """One broker with the catalog's topics for a whole test module (for read-only, keyed tests)."""
-    with EmbeddedBroker() as embedded:
-        create_topics(embedded.bootstrap)
-        yield embedded.bootstrap

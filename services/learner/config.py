@@ -18,7 +18,7 @@ from coevolve.services.envs.config import SeedPoolConfig
 from coevolve.services.fleet.config import FleetConfig
 from coevolve.services.runtime.config import ConfigError, ServiceConfig, Settings, doc
 
-REWARDS = ("binary", "partial")
+REWARDS = ("binary", "partial", "shaped")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 
 
@@ -32,7 +32,8 @@ class GRPOConfig:
     clip_high: float = doc(0.28, "Upper clip range: the ratio is clipped at 1 + clip_high.")
     kl_beta: float = doc(0.0, "Weight of the k3 KL penalty against the frozen reference; 0 loads no reference.")
     loss_agg: str = doc("token-mean", "Loss aggregation: token-mean, seq-mean-token-sum or seq-mean-token-mean.")
-    reward: str = doc("partial", "Rollout reward: binary (task success, the paper's) or partial (share of turns passed).")
+    reward: str = doc("partial", "Rollout reward: binary (task success, the paper's), partial (share of turns passed) "
+                       "or shaped (3/4 partial, 1/4 the share of the reference's tools called).")
     adv_eps: float = doc(1e-6, "Added to a group's reward std before dividing.")
     temperature: float = doc(1.0, "Rollout sampling temperature; logits are divided by it before log-probs.")
     max_grad_norm: float = doc(1.0, "Clip the global gradient norm to this; 0 disables clipping.")
@@ -216,6 +217,9 @@ class LearnerConfig(ServiceConfig):
         for name in ("batch_tasks", "group_size", "checkpoint_every", "in_flight", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)} must be at least 1")
+        if self.group_size < 2:
+            raise ConfigError(f"group_size={self.group_size}: GRPO's advantage compares a task's rollouts with "
+                              "each other, and a group of one has advantage 0 and trains nothing; use K >= 2")
         for name in ("steps", "eval_every", "eval_tasks", "max_resample", "keep_checkpoints"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 0")

@@ -1,8 +1,10 @@
-"""`coevolve run --preset smoke --set learner.world_size=2`: the learner trains on two torchrun ranks (FSDP2,
-gloo) while rank 0 rolls out on one local `vllm serve` (the in-process engine cannot share the ranks'
-process group); interrupted after its first step and resumed, every step and trajectory is published
-once, the resumed learner pushes its checkpoint's weights (gathered from both ranks) to its new server
-through the weight transfer, and the summary says `world_size: 2`."""
+"""The suite's interrupted-and-resumed run: `coevolve run --preset smoke --set learner.world_size=2`, the
+learner training on two torchrun ranks (FSDP2, gloo) while rank 0 rolls out on one local `vllm serve`
+(the in-process engine cannot share the ranks' process group). SIGINT after its first step stops it with
+exit 130 and an `interrupted` summary; `--resume` continues the same run at the next step, every step and
+trajectory is published once, every step trains, the resumed learner pushes its checkpoint's weights
+(gathered from both ranks) to its new server through the weight transfer, and the summary says
+`world_size: 2`."""
 import json
 import signal
 import subprocess
@@ -13,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from coevolve.services.kafka.embedded import EmbeddedBroker
-from tests.e2e.test_run import EXE, _events
+from tests.e2e.runs import EXE, events, trained_steps
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -40,17 +42,19 @@ def test_smoke_on_two_ranks_interrupted_and_resumed_publishes_every_step_once(tm
         done = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
         assert f"step {interrupted['last_step'] + 1}/{STEPS}" in done.stdout
-        raw = _events(broker.bootstrap, "ranks-e2e", dedupe=False)
-        events = _events(broker.bootstrap, "ranks-e2e")
+        raw = events(broker.bootstrap, "ranks-e2e", dedupe=False)
+        found = events(broker.bootstrap, "ranks-e2e")
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["state"] == "completed" and summary["world_size"] == 2 and summary["rollout"] == "vllm-server"
+    assert summary["run_id"] == interrupted["run_id"] and summary["resumed"]
     assert Counter(e["step"] for e in raw["StepCompleted"]) == {s: 1 for s in range(1, STEPS + 1)}
     trajectories = Counter(e["event_id"] for e in raw["TrajectoryRecorded"])
     assert set(trajectories.values()) == {1}  # each published once, by rank 0
-    per_step = Counter(t["step"] for t in events["TrajectoryRecorded"])
+    per_step = Counter(t["step"] for t in found["TrajectoryRecorded"])
     assert per_step == {s: 2 * 4 for s in range(1, STEPS + 1)}  # the preset's B x K
-    trained = [s for s in events["StepCompleted"] if s["loss"] is not None]
-    assert len(events.get("PolicyUpdated", [])) == len(trained) == summary["weight_updates"]["count"]
+    trained = trained_steps(found)
+    assert trained == list(range(1, STEPS + 1)), summary["updates_silent"]  # two-rank updates, every step
+    assert len(found.get("PolicyUpdated", [])) == len(trained) == summary["weight_updates"]["count"]
     # every push, the resumed learner's reload of its checkpoint included, gathers the two ranks' shards and
     # reaches the server through the weight transfer
     servers = (tmp_path / "runs" / "ranks-e2e" / "learner" / "servers").glob("*.log")

@@ -18,6 +18,8 @@ QUICK = ["coevolve simulate --output run.avro", "coevolve replay --input run.avr
          "coevolve env show --task-id multi_turn_base_0",
          "coevolve env score --task-id multi_turn_base_0 --calls calls.json"]
 
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
 
 def run(args: list[str], cwd: Path) -> str:
     done = subprocess.run([COEVOLVE, *args], cwd=cwd, capture_output=True, text=True, timeout=300)

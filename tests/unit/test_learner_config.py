@@ -4,7 +4,7 @@ import json
 import pytest
 
 from coevolve.services.runtime.config import ConfigError, describe, load
-from coevolve.services.learner.config import GRPOConfig, RanksConfig, WarmupConfig, read_deepspeed_config
+from coevolve.services.learner.config import GRPOConfig, LearnerConfig, RanksConfig, WarmupConfig, read_deepspeed_config
 
 
 def test_defaults_are_the_papers_clip_range_and_token_mean():
@@ -26,7 +26,7 @@ def test_environment_layers_over_defaults():
     ({"clip_high": 0}, "clip_high positive"),
     ({"kl_beta": -1}, "kl_beta must be >= 0"),
     ({"loss_agg": "sum"}, "use one of token-mean"),
-    ({"reward": "dense"}, "use one of binary, partial"),
+    ({"reward": "dense"}, "use one of binary, partial, shaped"),
     ({"temperature": 0}, "temperature must be positive"),
     ({"micro_batch_size": 0}, "micro_batch_size must be at least 1"),
     ({"lora_rank": 4, "lora_targets": " , "}, "lora_targets is empty"),
@@ -76,3 +76,9 @@ def test_ranks_split_evenly_over_nodes_and_multi_node_needs_a_rendezvous():
 
 def test_lora_targets_are_split_on_commas():
     assert GRPOConfig(lora_rank=8, lora_targets="q_proj, v_proj").lora_target_modules == ["q_proj", "v_proj"]
+
+
+def test_a_group_of_one_rollout_is_refused_with_the_reason():
+    with pytest.raises(ConfigError, match="a group of one has advantage 0 and trains nothing"):
+        LearnerConfig(group_size=1)
+    assert LearnerConfig(group_size=2).group_size == 2

@@ -5,11 +5,12 @@ import pytest
 
 from coevolve.schemas.codec import default_registry
 from coevolve.services.agent.config import EpisodeLimits, SamplingConfig
+from coevolve.services.envs.base import Task
 from coevolve.services.envs.bfcl_data import load_tasks
 from coevolve.services.learner.config import GRPOConfig, LearnerConfig, SamplerConfig
 from coevolve.services.learner.sampler import TaskPool
 from coevolve.services.learner.record import PHASES, StepRecord
-from coevolve.services.learner.step import StepRunner, reward_function, step_event_id
+from coevolve.services.learner.step import StepRunner, reward_function, step_event_id, tool_overlap
 from tests.agent_helpers import ScriptedBackend, byte_tokenizer
 
 LIMITS = EpisodeLimits(max_user_turns=1, max_context_tokens=100_000)
@@ -138,6 +139,25 @@ def test_rewards_are_success_or_partial_score():
     assert reward_function("binary")(Ep()) == 0.0 and reward_function("partial")(Ep()) == 0.5
     with pytest.raises(ValueError, match="unknown reward 'length'"):
         reward_function("length")
+
+
+def test_the_shaped_reward_credits_the_reference_tools_turn_by_turn():
+    from coevolve.services.agent.episodes import Episode
+    task = Task("t", ("a", "b", "c"), {}, ("GorillaFileSystem",),
+                reference=(("cd(folder='x')", "ls()"), (), ("cat(file_name='y')",)))
+
+    def episode(calls, score=0.0, turns=2):
+        return Episode(task, calls=calls, score=score, turns=turns)
+
+    shaped = reward_function("shaped")
+    # turn 1: ls matches one of two reference calls (1/2); turn 2 asks for no call and makes none (1)
+    assert tool_overlap(episode([["ls()"], []])) == 0.75
+    # an extra call is not free: 2 right of 3 made; a call where none was wanted scores 0
+    assert tool_overlap(episode([["cd(folder='z')", "ls()", "ls()"], ["pwd()"]])) == pytest.approx(1 / 3)
+    assert tool_overlap(episode([], turns=2)) == 0.5  # a truncated episode: no call in either turn
+    assert shaped(episode([["cd(folder='x')", "ls()"], []], score=1 / 3)) == pytest.approx(0.25 + 0.25)
+    # rollouts that all fail the turns but pick different tools now score unlike
+    assert len({shaped(episode(c)) for c in ([["ls()"], []], [["mv()"], []], [["cd()", "ls()"], []])}) == 3
 
 
 def test_evaluation_is_due_every_e_steps_and_after_the_last():

@@ -210,17 +210,3 @@ def test_the_last_log_line_skips_what_a_progress_bar_leaves_behind(tmp_path):
     assert Child("streams", [], {}, log).last_line() == "40%|████ | 4/10"
     log.write_text('{"event": "streams.batch", "n": 3}\n\b\x1b[?25h\n')
     assert Child("streams", [], {}, log).last_line() == '{"event": "streams.batch", "n": 3}'
-
-
-def test_start_up_waits_for_nothing_from_a_learner_that_finished_and_fails_on_any_other_exit(tmp_path):
-    import time
-
-    from coevolve.services.run.children import wait_healthy
-
-    done = Child("learner", [], {}, tmp_path / "learner.log", program=["true"], finishes=True).start()
-    while done.exit_code is None:
-        time.sleep(0.05)
-    wait_healthy([done], timeout_s=5.0)  # steps = 0: it evaluated and exited before the first probe
-    quit_early = Child("explorer", [], {}, tmp_path / "explorer.log", program=["true"]).start()
-    with pytest.raises(ChildFailed, match="explorer exited with code 0"):
-        wait_healthy([quit_early], timeout_s=5.0)

@@ -17,6 +17,8 @@ import pytest
 
 from coevolve.services.runtime.service import Service
 
+pytestmark = pytest.mark.integration
+
 
 @dataclass(frozen=True)
 class QueueConfig:

@@ -14,6 +14,8 @@ from coevolve.services.run.supervise import RestartPolicy, Supervisor, Watch
 from coevolve.services.run.tally import Tally
 from coevolve.services.runtime.config import ConfigError
 
+pytestmark = pytest.mark.integration
+
 
 def test_runs_in_one_workdir_get_new_ids_and_resume_takes_the_latest(tmp_path):
     plan = make_plan("smoke")
@@ -178,3 +180,15 @@ def test_a_healthy_process_is_left_running(tmp_path, children):
     _tend_until(sup, ["streams"], lambda: sup.watches.get("streams", Watch(0.0)).up)
     _tend_until(sup, ["streams"], lambda: False, timeout_s=2.0)
     assert child.exit_code is None and sup.restarts == [] and sup.watches["streams"].up
+
+
+def test_start_up_waits_for_nothing_from_a_learner_that_finished_and_fails_on_any_other_exit(tmp_path):
+    from coevolve.services.run.children import wait_healthy
+
+    done = Child("learner", [], {}, tmp_path / "learner.log", program=["true"], finishes=True).start()
+    while done.exit_code is None:
+        time.sleep(0.05)
+    wait_healthy([done], timeout_s=5.0)  # steps = 0: it evaluated and exited before the first probe
+    quit_early = Child("explorer", [], {}, tmp_path / "explorer.log", program=["true"]).start()
+    with pytest.raises(ChildFailed, match="explorer exited with code 0"):
+        wait_healthy([quit_early], timeout_s=5.0)

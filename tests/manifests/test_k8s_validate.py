@@ -50,7 +50,7 @@ def test_core_objects_validate_strictly_against_the_kubernetes_schemas(overlay, 
 
 
 def strimzi_errors(docs: list[dict]) -> list[list[str]]:
-    schema = yaml.safe_load((ROOT / "tests/unit/strimzi-v1beta2.schema.yaml").read_text())
+    schema = yaml.safe_load((ROOT / "tests/manifests/strimzi-v1beta2.schema.yaml").read_text())
     run = subprocess.run([str(TOOLS / "python"), "-c", VALIDATE], input=json.dumps({"schema": schema, "docs": docs}),
                          capture_output=True, text=True, check=True)
     return json.loads(run.stdout)

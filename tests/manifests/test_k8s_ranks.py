@@ -9,7 +9,7 @@ import pytest
 from coevolve.services.learner.config import RanksConfig
 from coevolve.services.runtime.config import ConfigError, load
 from tests.kustomize import COMPLETION_INDEX, KUBECTL, container_env, find, render
-from tests.unit.test_k8s_fleet import INDEX_LABEL, admitted, indexed_pods, policies, selects, workloads
+from tests.manifests.test_k8s_fleet import INDEX_LABEL, admitted, indexed_pods, policies, selects, workloads
 
 pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl (with kustomize) is not installed")
 PRODUCTION = "k8s/overlays/production"

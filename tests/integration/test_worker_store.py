@@ -9,6 +9,8 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+import pytest
+
 from faust.types import TP
 
 from coevolve.streams.worker.app import build_app
@@ -17,6 +19,8 @@ from coevolve.streams.worker.faust_compat import EXIT_UNSTORED, TrackedMemorySto
 from coevolve.streams.worker.metrics import Metrics
 
 CHANGELOG = TP("t-app-step_to_counts-changelog", 1)
+
+pytestmark = pytest.mark.integration
 
 
 def record(offset: int, key: str, count: int, tp: TP = CHANGELOG):
@@ -63,6 +67,8 @@ def test_a_partition_that_moves_away_is_read_whole_when_it_comes_back(tmp_path):
 FAILING_STORE = """
 import asyncio
 from types import SimpleNamespace
+
+import pytest
 from coevolve.services.runtime import log
 from coevolve.streams.worker import faust_compat
 

@@ -1,0 +1,142 @@
+"""One `coevolve run --preset smoke` for the whole module, on the rollout fleet with bounded staleness
+(`learner.backend=vllm-server`, `max_policy_lag=1`): the learner starts a `vllm serve` process, rolls out
+on it over HTTP, pushes every update through vLLM's weight-transfer API and generates each next step's
+rollouts while a step trains. Each test reads one facet of that run from its stdout, summary, workdir,
+archive and the broker's log."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from coevolve.services.kafka.embedded import EmbeddedBroker
+from tests.e2e.runs import EXE, events, trained_steps
+from tests.faults.scenario import inject_validated_task
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+RUN_ID = "smoke-e2e"
+STEPS = 3
+
+
+@dataclass
+class Smoke:
+    workdir: Path
+    stdout: str
+    summary: dict
+    events: dict[str, list[dict]]
+    injected: dict
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory) -> Smoke:
+    workdir = tmp_path_factory.mktemp("smoke")
+    with EmbeddedBroker() as broker:
+        # A validated task already on coevolve.tasks: the learner's feed takes it in at a step boundary.
+        injected = inject_validated_task(broker.bootstrap, RUN_ID)
+        done = subprocess.run([EXE, "run", "--preset", "smoke", "--workdir", str(workdir), "--bootstrap",
+                               broker.bootstrap, "--run-id", RUN_ID, "--set", "learner.backend=vllm-server",
+                               "--set", "learner.max_policy_lag=1"], capture_output=True, text=True, timeout=840)
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+        found = events(broker.bootstrap, RUN_ID)
+    return Smoke(workdir, done.stdout, json.loads((workdir / "summary.json").read_text()), found, injected)
+
+
+@pytest.mark.timeout(900)
+def test_every_step_completes_once_and_the_summary_counts_what_the_broker_holds(smoke):
+    steps = sorted(e["step"] for e in smoke.events["StepCompleted"])
+    assert steps == [1, 2, 3] and smoke.summary["steps"] == STEPS and smoke.summary["state"] == "completed"
+    trajectories = smoke.events["TrajectoryRecorded"]
+    assert len(trajectories) == smoke.summary["trajectories"] == sum(
+        e["trajectory_count"] for e in smoke.events["StepCompleted"])
+    assert Counter(t["step"] for t in trajectories) == {1: 8, 2: 8, 3: 8}  # B = 2 tasks x K = 4 rollouts
+    assert all(t["group_size"] == 4 for t in trajectories)
+    for step in smoke.events["StepCompleted"]:
+        assert f"step {step['step']}/3" in smoke.stdout
+
+
+@pytest.mark.timeout(900)
+def test_every_step_trains(smoke):
+    # The smoke preset's warmed policy and shaped reward make groups that score unlike in every step, so
+    # the assertions on updates, pushes and versions below check real updates.
+    assert trained_steps(smoke.events) == [1, 2, 3], smoke.summary["updates_silent"]
+    assert smoke.summary["updates_silent"] is None
+
+
+@pytest.mark.timeout(900)
+def test_the_policy_is_warmed_before_the_services_start_and_they_act_with_it(smoke):
+    policy = next(line.split()[1] for line in smoke.stdout.splitlines() if line.startswith("policy "))
+    assert "-warm-" in policy and smoke.summary["wall_seconds"]["warmup"] > 0
+    for name in ("explorer", "validator"):
+        assert f'"model": "{policy}"' in (smoke.workdir / "logs" / f"{name}.log").read_text()
+
+
+@pytest.mark.timeout(900)
+def test_signals_and_explorations_in_the_summary_are_the_brokers(smoke):
+    signals = Counter(e["kind"] for e in smoke.events.get("SignalRaised", []))
+    summary = smoke.summary
+    assert summary["signals"] == {k: signals.get(k, 0) for k in ("forgetting", "boundary", "rare")}
+    assert sum(signals.values()) > 0, summary["signals_silent"]  # the warmed-up policy acts
+    assert set(summary["signals_silent"]) == {k for k, n in summary["signals"].items() if n == 0}
+    explorations = Counter(e["strategy"] for e in smoke.events["ExplorationRecorded"])
+    assert summary["explorations"] == dict(explorations) and sum(explorations.values()) > 0
+
+
+@pytest.mark.timeout(900)
+def test_every_proposal_has_a_verdict_and_the_pool_grows_by_the_validated_tasks(smoke):
+    summary, injected = smoke.summary, smoke.injected
+    verdicts = {e["task_id"]: e for e in smoke.events.get("TaskChecked", []) if e["source"] == "synthesized"}
+    assert summary["tasks_proposed"] == len(verdicts) and set(verdicts) - {injected["task_id"]}  # the run's own
+    validated = sum(v["verdict"] == "validated" for v in verdicts.values())
+    assert summary["tasks_validated"] == validated
+    assert all(v["stage"] for v in verdicts.values() if v["verdict"] == "rejected")
+    # The pool is the seed tasks plus exactly the validated tasks taken in between steps: the injected
+    # one has joined by the last step, and the pool never shrinks.
+    pool = {int(k): v for k, v in summary["pool_size"].items()}
+    synthesized = {int(k): v for k, v in summary["pool_synthesized"].items()}
+    assert {pool[s] - synthesized[s] for s in pool} == {16}
+    assert injected["task_id"] in verdicts and synthesized[1] <= synthesized[2] <= synthesized[3]
+    assert 1 <= synthesized[3] <= validated
+    assert [e["step"] for e in smoke.events["EvaluationCompleted"]] == [3]
+
+
+@pytest.mark.timeout(900)
+def test_each_update_is_pushed_to_the_fleet_with_the_next_version(smoke):
+    summary = smoke.summary
+    assert summary["rollout"] == "vllm-server"
+    updates = smoke.events.get("PolicyUpdated", [])
+    assert len(updates) == len(trained_steps(smoke.events)) == summary["weight_updates"]["count"] == STEPS
+    assert sorted(u["version"] for u in updates) == list(range(1, len(updates) + 1))
+    assert all(u["backend"] == "vllm-server" and u["servers"] == 1 and u["bytes"] > 0 for u in updates)
+
+
+@pytest.mark.timeout(900)
+def test_every_rollout_is_within_one_version_of_the_policy_its_step_updated(smoke):
+    steps = {e["step"]: e for e in smoke.events["StepCompleted"]}
+    for t in smoke.events["TrajectoryRecorded"]:  # the policy each step updated, less the one that made a rollout
+        step = steps[t["step"]]
+        updated = step["policy_version"] - (step["loss"] is not None)
+        assert 0 <= updated - t["policy_version"] <= 1, (t["step"], t["policy_version"], step["policy_version"])
+    assert smoke.summary["policy_lag"]["max"] in (0, 1)
+
+
+def _archive_counts(workdir: Path) -> dict[str, int]:
+    """Rows of the archive's tables (chdb opens one path per process: a child reads it)."""
+    code = ("import json, sys; from coevolve.services.clickhouse.client import chdb_url, connect; "
+            "c = connect(chdb_url(sys.argv[1]), create=False); "
+            "print(json.dumps({t: c.query(f'SELECT count() FROM coevolve.{t} FINAL').result_rows[0][0] "
+            "for t in ('trajectories', 'policy_updates')})); c.close()")
+    out = subprocess.run([sys.executable, "-c", code, str(workdir)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+@pytest.mark.timeout(900)
+def test_the_archive_holds_every_trajectory_and_push_and_the_report_is_written(smoke):
+    assert _archive_counts(smoke.workdir) == {"trajectories": len(smoke.events["TrajectoryRecorded"]),
+                                              "policy_updates": len(smoke.events.get("PolicyUpdated", []))}
+    assert (smoke.workdir / "report" / "index.html").exists()

@@ -1,0 +1,29 @@
+"""The unit tier starts no process and no broker: within it, starting either fails the test with where
+the test belongs instead (tests/integration/, which starts the real ones)."""
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from coevolve.services.kafka.embedded import EmbeddedBroker
+
+
+class StartsAProcess(AssertionError):
+    """A unit test tried to start a process or a broker."""
+
+
+def _refuse(what: str):
+    def refuse(*args, **kwargs):
+        raise StartsAProcess(f"a unit test may not start {what}; move the test to tests/integration/")
+    return refuse
+
+
+@pytest.fixture(autouse=True)
+def no_process(monkeypatch):
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", _refuse("a process"))
+    for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "execv", "execve", "system"):
+        if hasattr(os, name):
+            monkeypatch.setattr(os, name, _refuse("a process"))
+    monkeypatch.setattr(EmbeddedBroker, "start", _refuse("a broker"))
