@@ -5,6 +5,8 @@ connection takes its local port from. Handed to a child that binds it seconds la
 torch, say), it can meanwhile become the local end of some Kafka client's connection: a resumed
 `coevolve run` once failed so ("learner: [Errno 98] Address already in use"). Ports are therefore
 picked below the ephemeral range, where only explicit listeners live, and never twice by one process.
+Candidates come from the OS's randomness, not the `random` module, which a training library reseeds: a
+reseeded module replayed the ports already handed out until none of 200 tries was left.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from pathlib import Path
 _EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _SPAN = 12_000  # candidates below the ephemeral range
 _handed: set[int] = set()
+_candidates = random.SystemRandom()
 
 
 def ephemeral_low() -> int:
@@ -30,7 +33,7 @@ def free_port(host: str = "127.0.0.1", attempts: int = 200) -> int:
     high = ephemeral_low()
     low = max(1024, high - _SPAN)
     for _ in range(attempts):
-        port = random.randrange(low, high)
+        port = _candidates.randrange(low, high)
         if port in _handed:
             continue
         with socket.socket() as sock:

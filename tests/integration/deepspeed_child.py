@@ -11,7 +11,7 @@ from coevolve.services.learner import checkpoint as ckpt
 from coevolve.services.learner.config import GRPOConfig
 from coevolve.services.learner.engines import build_engine
 from coevolve.services.learner.shapes import random_llama
-from tests.integration.test_learner_engine import SMALL, make_batch, max_diff, weights
+from tests.unit.test_learner_engine import SMALL, make_batch, max_diff, weights
 
 
 def resumed_weight_diff(ds, config: GRPOConfig, steps: int) -> float:

@@ -1,4 +1,5 @@
 """Ports handed to child listeners stay out of the range outgoing connections take theirs from."""
+import random
 import socket
 
 from coevolve.services.runtime.ports import ephemeral_low, free_port
@@ -25,5 +26,12 @@ def test_a_port_something_listens_on_is_skipped(monkeypatch):
         busy = taken.getsockname()[1]
         candidates = iter([busy, busy, *range(busy - 1, busy - 50, -1)])
         monkeypatch.setattr("coevolve.services.runtime.ports.ephemeral_low", lambda: 65536)
-        monkeypatch.setattr("coevolve.services.runtime.ports.random.randrange", lambda lo, hi: next(candidates))
+        monkeypatch.setattr("coevolve.services.runtime.ports._candidates.randrange", lambda lo, hi: next(candidates))
         assert free_port() != busy
+
+
+def test_a_reseeded_random_module_does_not_replay_the_ports_handed_out():
+    random.seed(7)
+    first = free_port()
+    random.seed(7)  # as torch or transformers' set_seed does between two services' starts
+    assert free_port(attempts=1) != first
