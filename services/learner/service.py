@@ -400,7 +400,7 @@ class Learner(Service):
             self.m_eval.set(evaluation["success_rate"])
         self.log.info("learner.step", step=rec.step, reward=round(rec.train_reward, 4), loss=rec.loss,
                       trajectories=rec.trajectory_count, pool=rec.pool_size, synthesized=rec.pool_synthesized,
-                      version=rec.policy_version, seconds=round(rec.duration_seconds, 2), eval_score=rec.eval_score,
+                      version=rec.policy_version, seconds=round(rec.duration_seconds, 2), eval_success=rec.eval_success,
                       **self._rank_split(rec))
 
     def _rank_split(self, rec: StepRecord) -> dict[str, Any]:

@@ -349,7 +349,7 @@ class StepRunner:
         return StepRecord(
             event_id=step_event_id(self.run_id, step), run_id=self.run_id, step=step,
             trajectory_count=trajectory_count, policy_version=self.backend.version,
-            train_reward=sum(rewards) / len(rewards), eval_score=None, loss=update.metrics.get("loss"),
+            train_reward=sum(rewards) / len(rewards), eval_success=None, loss=update.metrics.get("loss"),
             duration_seconds=time.perf_counter() - started,
             pool_size=self.pool.size, pool_synthesized=len(self.pool.synthesized),
             zero_variance_groups=sum(g.flat for g in rollouts.groups), resampled_groups=rollouts.resampled,
