@@ -195,12 +195,13 @@ class Learner(Service):
             self.log.info("learner.fleet_started", servers=len(urls), urls=urls)
         return FleetBackend(urls, model_dir, self.backend_cfg, self.fleet_cfg, model_name=self.backend_cfg.model)
 
-    def _observe_push(self, push: dict[str, Any]) -> None:
+    def _observe_push(self, record: dict[str, Any]) -> None:
+        """Count and log a step's push from its `PolicyUpdated` record."""
         self.m_pushes.inc()
-        self.m_push_s.observe(push["seconds"])
-        self.m_behind.set(push["servers_behind"])
-        self.log.info("learner.policy_updated", version=push["version"], seconds=round(push["seconds"], 3),
-                      bytes=push["bytes"], servers=push["servers"], servers_behind=push["servers_behind"])
+        self.m_push_s.observe(record["seconds"])
+        self.m_behind.set(record["servers_behind"])
+        self.log.info("learner.policy_updated", version=record["version"], seconds=round(record["seconds"], 3),
+                      bytes=record["bytes"], servers=record["servers"], servers_behind=record["servers_behind"])
 
     def _evaluate_only(self) -> None:
         """steps = 0 (the zero-shot arm): evaluate the starting policy once, as step 0, and publish it."""
