@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench clean
+.PHONY: run test test-fast bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,8 +27,14 @@ $(STAMP): pyproject.toml Makefile
 run: $(STAMP)
 	$(BIN)/coevolve run
 
+# Every tier, two test files at a time (pytest-xdist; a file's tests stay on one worker, so a module's
+# shared run is made once); the 30 slowest tests are printed.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -ra --durations=30
+	$(BIN)/python -m pytest -q -ra --durations=30 -n 2 --dist loadfile
+
+# The loop to run while working: unit, manifests and integration tests not marked slow.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -ra --durations=15 -m "not slow" tests/unit tests/manifests tests/integration
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
@@ -46,7 +52,7 @@ $(TOOLS_STAMP): Makefile
 	$(TOOLS)/bin/pip install --quiet 'checkov==3.3.30' 'kubernetes-validate==1.37.0' 'jsonschema>=4.23,<5'
 	touch $(TOOLS_STAMP)
 
-test: $(TOOLS_STAMP)
+test test-fast: $(TOOLS_STAMP)
 
 .PHONY: clean-tools
 clean: clean-tools

@@ -164,7 +164,7 @@ class Simulator:
             yield "coevolve.steps", cfg.run_id, "StepCompleted", {
                 "event_id": _uid(cfg.run_id, cfg.seed, "step", step), "run_id": cfg.run_id, "step": step,
                 "trajectory_count": len(scores), "policy_version": step,
-                "train_reward": sum(scores) / len(scores), "eval_score": sum(held_out) / len(held_out),
+                "train_reward": sum(scores) / len(scores), "eval_success": sum(held_out) / len(held_out),
                 "loss": None, "duration_seconds": None, "produced_at": now_ms,
             }
             yield from self._synthesize(step, now_ms)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from coevolve.services.agent.generation import BackendStats, Completion, Request
+from coevolve.services.agent.generation import BackendStats, Completion, CountedTensors, Push, Request
 from coevolve.services.agent.config import SamplingConfig
 from coevolve.services.agent.templates import ChatTemplate
 from coevolve.services.envs.base import StepResult
@@ -77,9 +77,12 @@ class ScriptedBackend:
         self.stats.count(out, 0.0)
         return out
 
-    def update_weights(self, named_tensors, version=None) -> int:
+    def update_weights(self, named_tensors, version=None) -> Push:
+        counted = CountedTensors(named_tensors)
+        for _ in counted:  # read as a real engine would, for the bytes
+            pass
         self.version = self.version + 1 if version is None else version
-        return self.version
+        return Push(self.version, counted.nbytes, 0.0)
 
     def close(self) -> None:
         pass

@@ -22,7 +22,7 @@ def sample_events() -> dict[str, dict]:
         },
         "StepCompleted": {
             "event_id": eid(), "run_id": "r1", "step": 3, "trajectory_count": 64, "policy_version": 3,
-            "train_reward": 0.41, "eval_score": None, "loss": 0.12, "duration_seconds": 7.5,
+            "train_reward": 0.41, "eval_success": None, "loss": 0.12, "duration_seconds": 7.5,
             "pool_size": 120, "pool_synthesized": 7, "zero_variance_groups": 5, "resampled_groups": 2,
             "tokens_trained": 9000, "synthesized_trained": 4, "synthesized_tasks_trained": 1,
             "staleness_max": 1, "staleness_mean": 0.5, "stale_groups": 0,

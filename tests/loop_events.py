@@ -20,7 +20,7 @@ FUNNEL = {"well_formed": (18, 18), "executable": (18, 12), "novel": (12, 6), "du
 def _step(run: str, step: int) -> dict:
     blocked = 0.1 if step % 2 else 0.0
     return {"event_id": f"{run}-step-{step}", "run_id": run, "step": step, "trajectory_count": 8,
-            "policy_version": step, "train_reward": 0.1 * step, "eval_score": None, "loss": 0.5,
+            "policy_version": step, "train_reward": 0.1 * step, "eval_success": None, "loss": 0.5,
             "duration_seconds": DURATION, "pool_size": 100 + 2 * (step - 1), "pool_synthesized": 2 * (step - 1),
             "zero_variance_groups": step % 3, "resampled_groups": 0, "tokens_trained": 1000 * step,
             "synthesized_trained": 4 * (step - 1), "synthesized_tasks_trained": step - 1,

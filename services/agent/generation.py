@@ -10,6 +10,7 @@ set, never as an exception, so one bad request cannot stop a batch of episodes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator
 from typing import Any, Protocol, Sequence
 
 from coevolve.services.agent.config import SamplingConfig
@@ -59,6 +60,32 @@ class Completion:
         return cls(text="", finish_reason="error", policy_version=version, error=error)
 
 
+@dataclass(frozen=True)
+class Push:
+    """What one `update_weights` did: the version now served, the bytes read from the named tensors, the
+    seconds it took, the servers that took it and the live servers left behind (a fleet's; one and none
+    for an in-process engine)."""
+
+    version: int
+    bytes: int
+    seconds: float
+    servers: int = 1
+    servers_behind: int = 0
+
+
+class CountedTensors:
+    """(name, tensor) pairs passed through once, their bytes summed in `nbytes`."""
+
+    def __init__(self, named_tensors: Iterable[tuple[str, Any]]):
+        self.named_tensors = named_tensors
+        self.nbytes = 0
+
+    def __iter__(self) -> Iterator[tuple[str, Any]]:
+        for name, tensor in self.named_tensors:
+            self.nbytes += tensor.numel() * tensor.element_size()
+            yield name, tensor
+
+
 @dataclass
 class BackendStats:
     """Counters a service exports as metrics."""
@@ -94,8 +121,8 @@ class Backend(Protocol):
     def generate(self, requests: Sequence[Request], sampling: SamplingConfig) -> list[Completion]:
         """One completion per request, in order; failures come back as `Completion.failed`."""
 
-    def update_weights(self, named_tensors: Any, version: int | None = None) -> int:
-        """Load new weights (name, tensor) pairs; return the new version (the given one or version + 1)."""
+    def update_weights(self, named_tensors: Any, version: int | None = None) -> Push:
+        """Load new weights (name, tensor) pairs as the given version (or version + 1); what it did."""
 
     def close(self) -> None:
         """Release the engine, threads and memory."""

@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any, Iterable, Sequence
 
-from coevolve.services.agent.generation import BackendStats, Completion, Request, request_seed
+from coevolve.services.agent.generation import BackendStats, Completion, CountedTensors, Push, Request, request_seed
 from coevolve.services.agent.config import BackendConfig, SamplingConfig
 from coevolve.services.agent.precision import default_device, resolve_dtype
 from coevolve.services.agent.templates import ChatTemplate
@@ -109,19 +109,21 @@ class TransformersBackend:
         return Completion(text=text, token_ids=tuple(ids), logprobs=lps, finish_reason=reason,
                           policy_version=self.version, prompt_tokens=prompt_len)
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int | None = None) -> int:
+    def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int | None = None) -> Push:
         with self.lock:
             return self._update_weights(named_tensors, version)
 
-    def _update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int | None = None) -> int:
+    def _update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int | None = None) -> Push:
         """Copy (name, tensor) pairs into the model's parameters."""
-        state = dict(named_tensors)
+        started = time.monotonic()
+        counted = CountedTensors(named_tensors)
+        state = dict(counted)
         missing = set(state) - set(self.net.state_dict())
         if missing:
             raise KeyError(f"unknown parameter names: {sorted(missing)[:5]}")
         self.net.load_state_dict(state, strict=False)
         self.version = self.version + 1 if version is None else version
-        return self.version
+        return Push(self.version, counted.nbytes, time.monotonic() - started)
 
     def close(self) -> None:
         self.net = None

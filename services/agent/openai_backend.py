@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Sequence
+from typing import Any, NoReturn, Sequence
 
 from coevolve.services.agent.generation import BackendStats, Completion, Request, request_seed
 from coevolve.services.agent.config import BackendConfig, SamplingConfig
@@ -69,7 +69,7 @@ class OpenAIBackend:
                           prompt_tokens=usage.prompt_tokens if usage else 0,
                           completion_tokens=usage.completion_tokens if usage else 0)
 
-    def update_weights(self, named_tensors: Any, version: int | None = None) -> int:
+    def update_weights(self, named_tensors: Any, version: int | None = None) -> NoReturn:
         raise NotImplementedError("an HTTP endpoint's weights are updated by its server, not through this client")
 
     def close(self) -> None:

@@ -12,7 +12,8 @@ import time
 from typing import Any, Iterable, Sequence
 
 from coevolve.services.agent import vllm_quirks
-from coevolve.services.agent.generation import BackendStats, Completion, Request, no_room, request_seed
+from coevolve.services.agent.generation import (BackendStats, Completion, CountedTensors, Push, Request, no_room,
+                                                request_seed)
 from coevolve.services.agent.config import BackendConfig, SamplingConfig
 from coevolve.services.agent.precision import resolve_dtype
 from coevolve.services.agent.templates import ChatTemplate
@@ -97,17 +98,19 @@ class VllmBackend:
         return Completion(text=out.text, token_ids=ids, logprobs=logprobs, finish_reason=reason,
                           policy_version=self.version, prompt_tokens=len(output.prompt_token_ids))
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int | None = None) -> int:
+    def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int | None = None) -> Push:
         with self.lock:
             return self._update_weights(named_tensors, version)
 
-    def _update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int | None = None) -> int:
+    def _update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int | None = None) -> Push:
         """Load (name, tensor) pairs, named as in the Hugging Face checkpoint, into the engine."""
         started = time.monotonic()
-        vllm_quirks.reload_weights(self.llm, named_tensors)
+        counted = CountedTensors(named_tensors)
+        vllm_quirks.reload_weights(self.llm, counted)
         self.version = self.version + 1 if version is None else version
-        self.stats.extra["last_update_seconds"] = time.monotonic() - started
-        return self.version
+        seconds = time.monotonic() - started
+        self.stats.extra["last_update_seconds"] = seconds
+        return Push(self.version, counted.nbytes, seconds)
 
     def close(self) -> None:
         import gc

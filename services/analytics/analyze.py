@@ -71,8 +71,8 @@ def turn_distribution(client, db: str, p: dict) -> View:
 
 def reward_and_eval(client, db: str, p: dict) -> View:
     view = View("reward_eval", "Training reward and evaluation score per step",
-                ["run_id", "step", "train_reward", "eval_score"])
-    view.rows = query_rows(client, f"""SELECT run_id, step, any(train_reward), any(eval_score) FROM {db}.steps FINAL
+                ["run_id", "step", "train_reward", "eval_success"])
+    view.rows = query_rows(client, f"""SELECT run_id, step, any(train_reward), any(eval_success) FROM {db}.steps FINAL
         WHERE run_id IN {{runs:Array(String)}} GROUP BY run_id, step ORDER BY run_id, step""", p)
     if not view.rows:
         view.note = "no StepCompleted events archived for these runs"

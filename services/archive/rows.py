@@ -21,7 +21,7 @@ COLUMNS: dict[str, list[str]] = {
     "actions": ["event_id", "run_id", "step", "task_id", "position", "name", "arguments", "observation",
                 "turn", "score", *ORIGIN],
     "steps": ["event_id", "run_id", "step", "trajectory_count", "policy_version", "train_reward",
-              "eval_score", "loss", "duration_seconds", "pool_size", "pool_synthesized", "zero_variance_groups",
+              "eval_success", "loss", "duration_seconds", "pool_size", "pool_synthesized", "zero_variance_groups",
               "resampled_groups", "tokens_trained", "synthesized_trained", "synthesized_tasks_trained",
               "staleness_max", "staleness_mean", "stale_groups", "rollout_seconds", "scoring_seconds", "training_seconds",
               "push_seconds", "publish_seconds", "blocked_seconds", "produced_at", *ORIGIN],

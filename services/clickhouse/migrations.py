@@ -112,11 +112,15 @@ V4 = [
     ) ENGINE = ReplacingMergeTree(log_rank) ORDER BY (run_id, version, event_id)""",
 ]
 
+# StepCompleted's held-out success rate is named for what it is (the ablation's mean score is another figure).
+V5 = ["ALTER TABLE {db}.steps RENAME COLUMN IF EXISTS eval_score TO eval_success"]
+
 MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (1, "event tables, actions exploded", V1),
     (2, "step pool and timing, exploration strategy, task stages, evaluations", V2),
     (3, "synthesized rollouts and tasks each step trained on", V3),
     (4, "policy updates; the staleness of what each step trained on", V4),
+    (5, "steps.eval_score renamed eval_success", V5),
 ]
 
 

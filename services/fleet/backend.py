@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
 
 from coevolve.services.agent.config import BackendConfig, SamplingConfig
-from coevolve.services.agent.generation import BackendStats, Completion, Request, no_room
+from coevolve.services.agent.generation import BackendStats, Completion, Push, Request, no_room
 from coevolve.services.agent.precision import resolve_dtype
 from coevolve.services.agent.templates import ChatTemplate
 from coevolve.services.fleet.config import FleetConfig
@@ -133,7 +133,6 @@ class FleetBackend:
         self.version = max(s.version for s in self.servers)
         self.stats = BackendStats(extra={"servers": float(len(self.servers)), "servers_down": 0.0,
                                          "servers_behind": 0.0})
-        self.last_update: dict[str, float] = {}
         self.pool = ThreadPoolExecutor(max_workers=self.per_server * len(self.servers), thread_name_prefix="fleet")
         self._cond = threading.Condition()
         self._generating = 0
@@ -289,7 +288,7 @@ class FleetBackend:
                           finish_reason="length" if choice.get("finish_reason") == "length" else "stop",
                           policy_version=server.version, prompt_tokens=prompt_len)
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int | None = None) -> int:
+    def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int | None = None) -> Push:
         """Push (name, tensor) pairs, named as in the Hugging Face checkpoint, to every live server."""
         import httpx
         import torch
@@ -323,10 +322,8 @@ class FleetBackend:
                                           f"every server is down ({self._down_reasons()})"))
             self.version = new_version
         seconds = time.monotonic() - started
-        self.last_update = {"version": new_version, "bytes": source.nbytes, "seconds": seconds, "servers": taken,
-                            "servers_behind": int(self.stats.extra["servers_behind"])}
         self.stats.extra["last_update_seconds"] = seconds
-        return self.version
+        return Push(new_version, source.nbytes, seconds, taken, int(self.stats.extra["servers_behind"]))
 
     def _push(self, server: _Server, source: Any, version: int) -> None:
         client = _SyncClient(self.http, server.url)

@@ -21,7 +21,7 @@ class StepRecord:
     """The rollout backend's policy version after the step (+1 when it pushed an update)."""
     train_reward: float
     """Mean reward of the step's rollouts."""
-    eval_score: float | None
+    eval_success: float | None
     """Held-out success rate, when the step ended with an evaluation."""
     loss: float | None
     """The update's loss; None when the step took no update."""
@@ -51,7 +51,7 @@ class StepRecord:
 
     def evaluated(self, score: float) -> StepRecord:
         """This record with the evaluation the step ended with."""
-        return dataclasses.replace(self, eval_score=score)
+        return dataclasses.replace(self, eval_success=score)
 
     def published(self, seconds: float) -> StepRecord:
         """This record with its publish time, which also counts in the step's duration."""

@@ -195,12 +195,13 @@ class Learner(Service):
             self.log.info("learner.fleet_started", servers=len(urls), urls=urls)
         return FleetBackend(urls, model_dir, self.backend_cfg, self.fleet_cfg, model_name=self.backend_cfg.model)
 
-    def _observe_push(self, push: dict[str, Any]) -> None:
+    def _observe_push(self, record: dict[str, Any]) -> None:
+        """Count and log a step's push from its `PolicyUpdated` record."""
         self.m_pushes.inc()
-        self.m_push_s.observe(push["seconds"])
-        self.m_behind.set(push["servers_behind"])
-        self.log.info("learner.policy_updated", version=push["version"], seconds=round(push["seconds"], 3),
-                      bytes=push["bytes"], servers=push["servers"], servers_behind=push["servers_behind"])
+        self.m_push_s.observe(record["seconds"])
+        self.m_behind.set(record["servers_behind"])
+        self.log.info("learner.policy_updated", version=record["version"], seconds=round(record["seconds"], 3),
+                      bytes=record["bytes"], servers=record["servers"], servers_behind=record["servers_behind"])
 
     def _evaluate_only(self) -> None:
         """steps = 0 (the zero-shot arm): evaluate the starting policy once, as step 0, and publish it."""
@@ -400,7 +401,7 @@ class Learner(Service):
             self.m_eval.set(evaluation["success_rate"])
         self.log.info("learner.step", step=rec.step, reward=round(rec.train_reward, 4), loss=rec.loss,
                       trajectories=rec.trajectory_count, pool=rec.pool_size, synthesized=rec.pool_synthesized,
-                      version=rec.policy_version, seconds=round(rec.duration_seconds, 2), eval_score=rec.eval_score,
+                      version=rec.policy_version, seconds=round(rec.duration_seconds, 2), eval_success=rec.eval_success,
                       **self._rank_split(rec))
 
     def _rank_split(self, rec: StepRecord) -> dict[str, Any]:

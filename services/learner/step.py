@@ -48,6 +48,7 @@ import torch
 
 from coevolve.services.agent.config import EpisodeLimits, SamplingConfig
 from coevolve.services.agent.episodes import Episode, run_episodes
+from coevolve.services.agent.generation import Backend, Push
 from coevolve.services.learner.batch import TrainSequence
 from coevolve.services.learner.config import GRPOConfig, LearnerConfig
 from coevolve.services.learner.grpo import group_advantages
@@ -139,8 +140,8 @@ class Update:
     """The engine's metrics of the update; empty when there was none."""
     trained: bool
     """Whether the update (and the push) happened: not when no advantage was non-zero."""
-    push: dict[str, Any] | None = None
-    """version, bytes, seconds, servers, servers_behind of the push; None without one."""
+    push: Push | None = None
+    """What the push that followed the update did; None without one."""
 
 
 @dataclass(frozen=True)
@@ -178,7 +179,7 @@ def staleness(groups: Sequence[Group], version: int) -> list[int]:
 class StepRunner:
     """Holds the pool, rollout backend and training engine; `run(step)` does one GRPO step."""
 
-    def __init__(self, cfg: LearnerConfig, grpo: GRPOConfig, pool: TaskPool, backend: Any, engine: Any,
+    def __init__(self, cfg: LearnerConfig, grpo: GRPOConfig, pool: TaskPool, backend: Backend, engine: Any,
                  sampling: SamplingConfig, limits: EpisodeLimits, run_id: str, reward: Reward | None = None,
                  env: str | Callable[[], Any] = "bfcl"):
         self.cfg, self.grpo, self.pool, self.backend, self.engine = cfg, grpo, pool, backend, engine
@@ -300,19 +301,8 @@ class StepRunner:
             return Update({}, False)
         with self.times.phase("training"):
             metrics = self.engine.update(batch)
-        sent = [0]
-
-        def counted() -> Iterator[tuple[str, Any]]:
-            for name, tensor in self.engine.named_parameters():
-                sent[0] += tensor.numel() * tensor.element_size()
-                yield name, tensor
-
-        started = time.perf_counter()
         with self.times.phase("push"):
-            version = self.backend.update_weights(counted(), version=self.backend.version + 1)
-        push = {"version": version, "bytes": sent[0], "seconds": time.perf_counter() - started, "servers": 1,
-                "servers_behind": 0}
-        push.update(getattr(self.backend, "last_update", None) or {})  # a fleet reports its own transfer
+            push = self.backend.update_weights(self.engine.named_parameters(), version=self.backend.version + 1)
         return Update(metrics, True, push)
 
     def policy_record(self, step: int, update: Update) -> dict[str, Any] | None:
@@ -320,10 +310,10 @@ class StepRunner:
         if update.push is None:
             return None
         push = update.push
-        return {"event_id": policy_event_id(self.run_id, int(push["version"])), "run_id": self.run_id,
-                "step": step, "version": int(push["version"]), "backend": self.backend.name,
-                "bytes": int(push["bytes"]), "seconds": float(push["seconds"]), "servers": int(push["servers"]),
-                "servers_behind": int(push["servers_behind"]), "produced_at": int(time.time() * 1000)}
+        return {"event_id": policy_event_id(self.run_id, push.version), "run_id": self.run_id, "step": step,
+                "version": push.version, "backend": self.backend.name, "bytes": push.bytes,
+                "seconds": push.seconds, "servers": push.servers, "servers_behind": push.servers_behind,
+                "produced_at": int(time.time() * 1000)}
 
     def trajectories(self, step: int, groups: Sequence[Group]) -> list[dict[str, Any]]:
         """Every rollout as a TrajectoryRecorded record; a task drawn twice keeps distinct rollout indices."""
@@ -349,7 +339,7 @@ class StepRunner:
         return StepRecord(
             event_id=step_event_id(self.run_id, step), run_id=self.run_id, step=step,
             trajectory_count=trajectory_count, policy_version=self.backend.version,
-            train_reward=sum(rewards) / len(rewards), eval_score=None, loss=update.metrics.get("loss"),
+            train_reward=sum(rewards) / len(rewards), eval_success=None, loss=update.metrics.get("loss"),
             duration_seconds=time.perf_counter() - started,
             pool_size=self.pool.size, pool_synthesized=len(self.pool.synthesized),
             zero_variance_groups=sum(g.flat for g in rollouts.groups), resampled_groups=rollouts.resampled,

@@ -19,7 +19,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NoReturn, Sequence
 
 from coevolve.services.agent.config import EpisodeLimits, SamplingConfig
 from coevolve.services.agent.generation import BackendStats, Completion, Request
@@ -60,7 +60,7 @@ class ReferenceBackend:
         ids = tuple(self.tokenizer.encode(text, add_special_tokens=False)) + (self.stop_id,)
         return Completion(text=text, token_ids=ids, logprobs=(0.0,) * len(ids))
 
-    def update_weights(self, named_tensors: Any, version: int | None = None) -> int:
+    def update_weights(self, named_tensors: Any, version: int | None = None) -> NoReturn:
         raise NotImplementedError("the reference backend has no weights")
 
     def close(self) -> None:

@@ -126,7 +126,7 @@ def collect(cell: Cell) -> dict[str, Any]:
     held_out = [e for e in summary["evaluations"] if e.get("split") != "subjects"]
     final = max(held_out, key=lambda e: e["step"], default=None)
     return {"seed": cell.seed, "run_id": summary["run_id"], "workdir": str(cell.workdir),
-            "eval_success": final and final["success_rate"], "eval_score": final and final["mean_score"],
+            "eval_success": final and final["success_rate"], "eval_mean_score": final and final["mean_score"],
             "train_reward_last": _last(summary["train_reward"]), "tasks_validated": summary["tasks_validated"],
             "synthesized_trained": summary.get("synthesized_trained"), "signals": summary["signals"],
             "wall_seconds": round(sum(summary["wall_seconds"].values()), 1),
@@ -179,7 +179,7 @@ def aggregate(preset: str, budget_: dict, rows: dict[str, list[dict]]) -> dict[s
     arms = []
     for arm, runs in rows.items():
         entry: dict[str, Any] = {"arm": arm, "runs": runs, **mechanism(runs)}
-        for key in ("eval_success", "eval_score"):
+        for key in ("eval_success", "eval_mean_score"):
             mean, ci = mean_ci95([r[key] for r in runs if r[key] is not None])
             entry[f"{key}_mean"], entry[f"{key}_ci95"] = mean, ci
         arms.append(entry)
@@ -205,7 +205,7 @@ def separability(doc: dict[str, Any]) -> list[str]:
     for arm in doc["arms"]:
         if arm is base:
             continue
-        a, b = arm["eval_score_ci95"], base["eval_score_ci95"]
+        a, b = arm["eval_mean_score_ci95"], base["eval_mean_score_ci95"]
         if a is None or b is None:
             verdict = "one seed: no interval, not separable"
         elif a[1] < b[0] or b[1] < a[0]:
@@ -231,7 +231,7 @@ def markdown(doc: dict[str, Any]) -> str:
         runs = arm["runs"]
         signals = "/".join(_avg([r["signals"].get(k) for r in runs]) for k in ("forgetting", "boundary", "rare"))
         rows.append(f"| {arm['arm']} | {_fmt(arm['eval_success_mean'], arm['eval_success_ci95'])} | "
-                    f"{_fmt(arm['eval_score_mean'], arm['eval_score_ci95'])} | "
+                    f"{_fmt(arm['eval_mean_score_mean'], arm['eval_mean_score_ci95'])} | "
                     f"{_avg([r['train_reward_last'] for r in runs])} | {_avg([r['tasks_validated'] for r in runs])} | "
                     f"{signals} | {_avg([r['wall_seconds'] for r in runs])} |")
     return "\n".join([*head, *rows, "", "Separability of the held-out score:", *separability(doc), "",

@@ -39,8 +39,8 @@ def test_ablate_runs_each_arm_at_equal_budget_and_a_second_call_runs_nothing_new
         (run,) = arm["runs"]
         summary = summaries[arm["arm"]] = json.loads((Path(run["workdir"]) / "summary.json").read_text())
         assert summary["state"] == "completed" and summary["steps"] == 3 and run["run_id"] == summary["run_id"]
-        assert run["eval_score"] == summary["evaluations"][-1]["mean_score"] == arm["eval_score_mean"]
-        assert arm["eval_score_ci95"] is None  # one seed
+        assert run["eval_mean_score"] == summary["evaluations"][-1]["mean_score"] == arm["eval_mean_score_mean"]
+        assert arm["eval_mean_score_ci95"] is None  # one seed
         assert f"[{arm['arm']} seed 0] step 3/3" in first.stdout  # progress: arm, seed, step
     # static: its tasks were explored once, before training (step 0), and nothing during training.
     assert set(summaries["static"]["explorations"]) == {"static"}

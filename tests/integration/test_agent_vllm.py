@@ -70,11 +70,13 @@ def test_update_weights_changes_greedy_output_and_bumps_the_version(vllm):
     noisy = {k: v + 0.02 * torch.randn(v.shape, generator=generator) if v.dim() == 2 else v
              for k, v in original.items()}
     start = vllm.version
-    assert vllm.update_weights(noisy.items()) == start + 1
+    push = vllm.update_weights(noisy.items())
+    assert push.version == start + 1 and push.servers == 1 and push.servers_behind == 0
+    assert push.bytes == sum(v.numel() * v.element_size() for v in noisy.values())
     (after,) = vllm.generate(request, GREEDY)
     assert after.policy_version == start + 1 and after.token_ids != before.token_ids
     assert vllm.stats.extra["last_update_seconds"] < 5
-    assert vllm.update_weights(original.items(), version=start + 2) == start + 2
+    assert vllm.update_weights(original.items(), version=start + 2).version == start + 2
     (restored,) = vllm.generate(request, GREEDY)
     assert restored.token_ids == before.token_ids and restored.policy_version == start + 2
 

@@ -102,7 +102,7 @@ def _v1_steps(path) -> dict:
     """A StepCompleted file written under version 1 of the schema (before the learner's fields)."""
     schema = fastavro.parse_schema(json.loads((HISTORY_DIR / "StepCompleted.v1.avsc").read_text()))
     event = {"event_id": "old-step", "run_id": "old-run", "step": 2, "trajectory_count": 8, "policy_version": 2,
-             "train_reward": 0.5, "eval_score": None, "loss": 0.3, "duration_seconds": 9.0, "produced_at": NOW}
+             "train_reward": 0.5, "eval_success": None, "loss": 0.3, "duration_seconds": 9.0, "produced_at": NOW}
     with open(path, "wb") as fh:
         fastavro.writer(fh, schema, [event])
     return event

@@ -47,7 +47,7 @@ def test_a_signal_on_a_task_validated_after_the_start_resolves_and_an_unknown_id
                 signal = {**boundary_signal(f"sig-{i}", 4, task_id), "run_id": "r1"}
                 producer.send(SIGNALS.name, signal, key=task_id)
             producer.send(STEPS.name, {"event_id": "r1-step-4", "run_id": "r1", "step": 4, "trajectory_count": 3,
-                                       "policy_version": 4, "train_reward": 0.5, "eval_score": None, "loss": 0.1,
+                                       "policy_version": 4, "train_reward": 0.5, "eval_success": None, "loss": 0.1,
                                        "duration_seconds": 1.0, "produced_at": 1_795_000_000_000}, key="r1")
             producer.flush()
         proc.wait(300)

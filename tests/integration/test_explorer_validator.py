@@ -51,7 +51,7 @@ def _publish_period(bootstrap: str, run_id: str = "r1", step: int = 4) -> list[s
             producer.send(SIGNALS.name, record, key=record["task_id"])
         producer.send(STEPS.name, {"event_id": f"{run_id}-step-{step}", "run_id": run_id, "step": step,
                                    "trajectory_count": 3, "policy_version": step, "train_reward": 0.5,
-                                   "eval_score": None, "loss": 0.1, "duration_seconds": 1.0,
+                                   "eval_success": None, "loss": 0.1, "duration_seconds": 1.0,
                                    "produced_at": 1_795_000_000_000}, key=run_id)
         producer.flush()
     return [s["event_id"] for s in signals]

@@ -89,8 +89,8 @@ def updated(fleet):
     ids = prompt(backend)
     before = backend.generate([Request(prompt_ids=ids)], GREEDY)[0]
     model = perturbed_model(seed=1)
-    version = backend.update_weights(model.named_parameters(), version=1)
-    return model, ids, before, version
+    push = backend.update_weights(model.named_parameters(), version=1)
+    return model, ids, before, push
 
 
 def test_completions_are_token_in_token_out_and_spread_over_both_servers(fleet):
@@ -115,8 +115,8 @@ def test_completions_are_token_in_token_out_and_spread_over_both_servers(fleet):
 
 def test_after_an_update_server_logprobs_equal_the_learners(fleet, updated):
     servers, backend = fleet
-    model, ids, _, version = updated
-    assert version == backend.version == 1
+    model, ids, _, push = updated
+    assert push.version == backend.version == 1
     assert weight_versions(servers.urls) == ["1", "1"]
     assert backend.server_versions == {url: 1 for url in servers.urls}
     sequence = ids + [int(t) for t in torch.randint(0, model.config.vocab_size, (24,),
@@ -126,7 +126,8 @@ def test_after_an_update_server_logprobs_equal_the_learners(fleet, updated):
     for url in servers.urls:
         theirs = torch.tensor(server_prompt_logprobs(url, sequence))
         assert (theirs - ours).abs().max().item() < TOLERANCE
-    assert backend.last_update["servers"] == 2 and backend.last_update["bytes"] > 0
+    assert push.servers == 2 and push.servers_behind == 0
+    assert push.bytes > 0
     assert backend.stats.extra["last_update_seconds"] > 0
 
 
@@ -192,7 +193,7 @@ def test_a_transfer_broken_half_way_keeps_the_old_weights_and_version(fleet, upd
     assert backend.version == 1
 
     monkeypatch.setattr(transfer, "_broadcast", real)
-    assert backend.update_weights(perturbed_model(seed=2).named_parameters()) == 2
+    assert backend.update_weights(perturbed_model(seed=2).named_parameters()).version == 2
     assert weight_versions(servers.urls) == ["2", "2"]
 
 
@@ -209,15 +210,15 @@ def test_a_server_left_behind_answers_with_its_own_version(fleet, updated, monke
         real(group, tensor)
 
     monkeypatch.setattr(transfer, "_broadcast", breaks_the_first_server)
-    assert backend.update_weights(perturbed_model(seed=3).named_parameters(), version=3) == 3
-    assert backend.last_update["servers"] == 1 and backend.stats.extra["servers_behind"] == 1
+    push = backend.update_weights(perturbed_model(seed=3).named_parameters(), version=3)
+    assert (push.version, push.servers, push.servers_behind) == (3, 1, 1)
     assert sorted(backend.server_versions.values()) == [2, 3]
     assert sorted(weight_versions(servers.urls)) == ["2", "3"]
     completions = backend.generate([Request(prompt_ids=prompt(backend, str(n))) for n in range(6)], GREEDY)
     assert {c.policy_version for c in completions} == {2, 3}
 
     monkeypatch.setattr(transfer, "_broadcast", real)
-    assert backend.update_weights(perturbed_model(seed=4).named_parameters()) == 4
+    assert backend.update_weights(perturbed_model(seed=4).named_parameters()).version == 4
     assert weight_versions(servers.urls) == ["4", "4"] and backend.stats.extra["servers_behind"] == 0
 
 

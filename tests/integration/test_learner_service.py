@@ -91,10 +91,10 @@ def test_steps_publish_their_rollouts_and_tasks_join_and_leave_between_steps(boo
         assert all(t["group_size"] == K and t["run_id"] == "run-it" for t in mine)
         assert s["publish_seconds"] > 0 and s["rollout_seconds"] > 0 and s["blocked_seconds"] >= 0
     assert len({t["event_id"] for t in trajectories}) == 3 * B * K
-    assert steps[-1]["policy_version"] >= 1 and steps[-1]["eval_score"] is not None
+    assert steps[-1]["policy_version"] >= 1 and steps[-1]["eval_success"] is not None
     (evaluation,) = read(bootstrap, [EVALUATIONS.name])
     assert evaluation["event_id"] == "eval-run-it-3-test" and evaluation["task_count"] == 2
-    assert evaluation["success_rate"] == steps[-1]["eval_score"]
+    assert evaluation["success_rate"] == steps[-1]["eval_success"]
     assert latest_checkpoint(tmp_path).step == 3
 
 
@@ -173,4 +173,4 @@ def test_the_subjects_of_the_signals_behind_pooled_tasks_are_evaluated_apart_fro
     assert subjects["event_id"] == "eval-run-sub-2-subjects" and subjects["task_ids"] == [subject]
     assert len(subjects["scores"]) == 1 and subjects["step"] == 2
     (step,) = [s for s in read(bootstrap, [STEPS.name]) if s["step"] == 2]
-    assert step["eval_score"] == evaluations["test"]["success_rate"]  # the held-out figure, not the subjects'
+    assert step["eval_success"] == evaluations["test"]["success_rate"]  # the held-out figure, not the subjects'

@@ -103,6 +103,15 @@ def test_a_step_written_before_the_synthesized_counts_reads_them_as_null():
     assert decoded["tokens_trained"] == 9000
 
 
+
+def test_a_step_written_as_eval_score_reads_as_eval_success():
+    registry = default_registry()
+    v4 = schema_fingerprint(json.loads((SCHEMA_DIR / "history" / "StepCompleted.v4.avsc").read_text()))
+    assert v4 in registry.writers and v4 != registry.fingerprint("StepCompleted")
+    event = {("eval_score" if k == "eval_success" else k): v for k, v in sample_events()["StepCompleted"].items()}
+    _, decoded = registry.decode(registry.encode("StepCompleted", {**event, "eval_score": 0.75}, writer=v4))
+    assert decoded["eval_success"] == 0.75 and "eval_score" not in decoded
+
 def test_records_that_do_not_fit_their_schema_are_refused():
     registry = default_registry()
     bad = sample_events()["TrajectoryRecorded"]

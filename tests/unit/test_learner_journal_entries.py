@@ -28,7 +28,7 @@ def entry(step: int, run_id: str = "run-j", trained: bool = True, published: boo
                     for i in range(2)]
     record = StepRecord(
         event_id=f"s-{step}", run_id=run_id, step=step, trajectory_count=2, policy_version=step, train_reward=1 / 6,
-        eval_score=0.5 if step == 2 else None, loss=0.125 * step if trained else None, duration_seconds=1.5,
+        eval_success=0.5 if step == 2 else None, loss=0.125 * step if trained else None, duration_seconds=1.5,
         pool_size=3, pool_synthesized=0, zero_variance_groups=0, resampled_groups=0, tokens_trained=3 if trained else 0,
         synthesized_trained=0, synthesized_tasks_trained=0, staleness_max=1 if trained else None,
         staleness_mean=0.5 if trained else None, stale_groups=0, rollout_seconds=1.0, scoring_seconds=0.1,

@@ -62,7 +62,7 @@ def test_a_step_rolls_out_b_times_k_scores_trains_pushes_and_records(tokenizer):
     assert (rec.staleness_max, rec.staleness_mean, rec.stale_groups) == (0, 0.0, 0)
     assert result.policy_update["version"] == 1 and result.policy_update["step"] == 1
     assert all(getattr(rec, f"{p}_seconds") >= 0 for p in ("rollout", "scoring", "training", "push"))
-    assert rec.publish_seconds is None and rec.eval_score is None
+    assert rec.publish_seconds is None and rec.eval_success is None
     assert rec.duration_seconds >= rec.rollout_seconds + rec.training_seconds
     for i, traj in enumerate(result.trajectories):
         assert traj["rollout_index"] == i % 3 and traj["group_size"] == 3 and traj["policy_version"] == 0

@@ -88,7 +88,7 @@ def test_a_finished_cell_is_collected_and_the_table_says_what_cannot_be_separate
 
     row = ablate.collect(cells["random"][1])
     assert row == {"seed": 1, "run_id": "r1", "workdir": str(cells["random"][1].workdir), "eval_success": 0.25,
-                   "eval_score": 0.5, "train_reward_last": 0.25, "tasks_validated": 1, "synthesized_trained": 4,
+                   "eval_mean_score": 0.5, "train_reward_last": 0.25, "tasks_validated": 1, "synthesized_trained": 4,
                    "signals": {"forgetting": 0, "boundary": 1, "rare": 3}, "wall_seconds": 60.5,
                    "evaluations": {2: 0.2, 3: 0.5},
                    "origin": {"validated": {"signal-guided": 1}, "trained": {"signal-guided": 1}},
@@ -100,9 +100,9 @@ def test_a_finished_cell_is_collected_and_the_table_says_what_cannot_be_separate
     doc = ablate.aggregate("smoke", {"steps": 3, "batch_tasks": 2, "group_size": 4, "eval_tasks": 2,
                                      "eval_every": 3, "eval_split": "test"}, rows)
     random_arm = doc["arms"][0]
-    assert random_arm["arm"] == "random" and random_arm["eval_score_mean"] == pytest.approx(0.4)
+    assert random_arm["arm"] == "random" and random_arm["eval_mean_score_mean"] == pytest.approx(0.4)
     assert random_arm["eval_success_ci95"][0] < 0.2 < random_arm["eval_success_ci95"][1]
-    assert doc["arms"][1]["eval_score_ci95"] == pytest.approx([0.4, 0.4])  # two equal seeds: no spread
+    assert doc["arms"][1]["eval_mean_score_ci95"] == pytest.approx([0.4, 0.4])  # two equal seeds: no spread
     table = ablate.markdown(doc)
     assert "| random | 0.200 [" in table and "| coevolve | 0.200 [0.200, 0.200] | 0.400 [0.400, 0.400] |" in table
     assert "- random vs coevolve: not separable at this budget (the 95% intervals overlap)" in table
@@ -123,5 +123,5 @@ def test_one_seed_gives_no_interval_and_says_so(tmp_path):
     doc = ablate.aggregate("smoke", {"steps": 3, "batch_tasks": 2, "group_size": 4, "eval_tasks": 0,
                                      "eval_every": 3, "eval_split": "test"},
                            {"coevolve": [ablate.collect(cell)], "random": [ablate.collect(cell)]})
-    assert doc["arms"][0]["eval_score_ci95"] is None
+    assert doc["arms"][0]["eval_mean_score_ci95"] is None
     assert "- random vs coevolve: one seed: no interval, not separable" in ablate.markdown(doc)
