@@ -15,10 +15,10 @@ import time
 import torch
 
 from bench.common import machine
-from coevolve.services.learner.batch import TrainSequence
+from coevolve.services.learner.trainer.batch import TrainSequence
 from coevolve.services.learner.config import GRPOConfig
-from coevolve.services.learner.engines import build_engine
-from coevolve.services.learner.shapes import random_llama
+from coevolve.services.learner.trainer.build import build_engine
+from coevolve.services.learner.trainer.shapes import random_llama
 
 
 def peak_gib() -> float:

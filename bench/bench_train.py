@@ -26,10 +26,10 @@ from pathlib import Path
 import torch
 
 from bench.common import machine, report
-from coevolve.services.learner.batch import TrainSequence
+from coevolve.services.learner.trainer.batch import TrainSequence
 from coevolve.services.learner.config import GRPOConfig
-from coevolve.services.learner.engines import build_engine
-from coevolve.services.learner.shapes import SHAPES, random_llama
+from coevolve.services.learner.trainer.build import build_engine
+from coevolve.services.learner.trainer.shapes import SHAPES, random_llama
 
 
 def make_batch(batch: int, length: int, vocab: int, prompt: int = 0) -> list[TrainSequence]:

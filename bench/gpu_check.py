@@ -86,9 +86,9 @@ def step_runner(model_dir: str, device: str, lag: int, quick: bool):
     from coevolve.services.agent.config import BackendConfig, EpisodeLimits, SamplingConfig
     from coevolve.services.envs.base import Task
     from coevolve.services.learner.config import GRPOConfig, LearnerConfig, SamplerConfig
-    from coevolve.services.learner.engines import build_engine
-    from coevolve.services.learner.sampler import TaskPool
-    from coevolve.services.learner.step import StepRunner
+    from coevolve.services.learner.trainer.build import build_engine
+    from coevolve.services.learner.loop.sampler import TaskPool
+    from coevolve.services.learner.loop.step import StepRunner
     from tests.agent_helpers import OneTurn
 
     batch_tasks, group_size, new = (2, 4, 8) if quick else (4, 8, 64)
@@ -116,7 +116,7 @@ def step_runner(model_dir: str, device: str, lag: int, quick: bool):
 
 
 def part_step(device: str, quick: bool, steps: int) -> None:
-    from coevolve.services.learner.shapes import random_llama
+    from coevolve.services.learner.trainer.shapes import random_llama
     from tests.agent_helpers import byte_tokenizer
 
     tokenizer = byte_tokenizer()
@@ -173,7 +173,7 @@ def part_train(device: str, quick: bool, repeats: int, micro_batch: int) -> None
 
     from bench.bench_train import make_batch
     from coevolve.services.learner.config import GRPOConfig
-    from coevolve.services.learner.engines import build_engine
+    from coevolve.services.learner.trainer.build import build_engine
 
     shape = QUICK_QWEN if quick else QWEN25_05B
     batch_size, length = (2, 128) if quick else (8, 2048)

@@ -7,10 +7,10 @@ import json
 import sys
 import tempfile
 
-from coevolve.services.learner import checkpoint as ckpt
+from coevolve.services.learner.loop import checkpoint as ckpt
 from coevolve.services.learner.config import GRPOConfig
-from coevolve.services.learner.engines import build_engine
-from coevolve.services.learner.shapes import random_llama
+from coevolve.services.learner.trainer.build import build_engine
+from coevolve.services.learner.trainer.shapes import random_llama
 from tests.integration.test_learner_engine import SMALL, make_batch, max_diff, weights
 
 

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from coevolve.services.kafka.topics import EVALUATIONS, STEPS, TRAJECTORIES
-from coevolve.services.learner import journal
-from coevolve.services.learner.checkpoint import latest_checkpoint
+from coevolve.services.learner.loop import journal
+from coevolve.services.learner.loop.checkpoint import latest_checkpoint
 from tests.integration.test_learner_service import learner, odd_length, read
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

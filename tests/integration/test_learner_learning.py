@@ -14,11 +14,11 @@ vocabulary of 32 the start is near 1/32 (0.03 here), and the test asks for a ris
 import pytest
 import torch
 
-from coevolve.services.learner.batch import TrainSequence
+from coevolve.services.learner.trainer.batch import TrainSequence
 from coevolve.services.learner.config import GRPOConfig
-from coevolve.services.learner.engines import build_engine
-from coevolve.services.learner.grpo import group_advantages
-from coevolve.services.learner.shapes import random_llama
+from coevolve.services.learner.trainer.build import build_engine
+from coevolve.services.learner.trainer.grpo import group_advantages
+from coevolve.services.learner.trainer.shapes import random_llama
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

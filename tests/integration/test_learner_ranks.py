@@ -90,7 +90,7 @@ def test_a_sharded_checkpoint_reads_back_into_a_fresh_group(tmp_path, kind, zero
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("kind", ["fsdp", "zero3"])
 def test_no_rank_loads_the_whole_model_and_the_sharded_reference_agrees(tmp_path, kind, zero3, plain_torch):
-    """The learner's own loading (`engines.load_engine`). FSDP2: every rank builds the model on the meta
+    """The learner's own loading (`build.load_engine`). FSDP2: every rank builds the model on the meta
     device and takes its shards from rank 0, the only one that reads the weights (rank 1 fails if it
     tries). ZeRO-3: each rank loads its partitions only (a rank fails if it loads a whole tensor). The
     KL reference is sharded the same way, and the update is plain torch's."""

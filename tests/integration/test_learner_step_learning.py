@@ -26,10 +26,10 @@ from coevolve.services.agent.config import BackendConfig, EpisodeLimits, Samplin
 from coevolve.services.agent.episodes import run_episodes
 from coevolve.services.envs.base import Task
 from coevolve.services.learner.config import GRPOConfig, LearnerConfig, SamplerConfig
-from coevolve.services.learner.engines import build_engine
-from coevolve.services.learner.sampler import TaskPool
-from coevolve.services.learner.shapes import random_llama
-from coevolve.services.learner.step import StepRunner
+from coevolve.services.learner.trainer.build import build_engine
+from coevolve.services.learner.loop.sampler import TaskPool
+from coevolve.services.learner.trainer.shapes import random_llama
+from coevolve.services.learner.loop.step import StepRunner
 from tests.agent_helpers import OneTurn, byte_tokenizer
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

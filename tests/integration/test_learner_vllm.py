@@ -16,9 +16,9 @@ pytest.importorskip("vllm")
 from coevolve.services.agent.config import EpisodeLimits, SamplingConfig  # noqa: E402
 from coevolve.services.envs.base import Task  # noqa: E402
 from coevolve.services.learner.config import GRPOConfig, LearnerConfig, SamplerConfig  # noqa: E402
-from coevolve.services.learner.engines import build_engine  # noqa: E402
-from coevolve.services.learner.sampler import TaskPool  # noqa: E402
-from coevolve.services.learner.step import StepRunner  # noqa: E402
+from coevolve.services.learner.trainer.build import build_engine  # noqa: E402
+from coevolve.services.learner.loop.sampler import TaskPool  # noqa: E402
+from coevolve.services.learner.loop.step import StepRunner  # noqa: E402
 from tests.agent_engines import TINY_RANDOM, backend_config, model_dir  # noqa: E402
 from tests.agent_helpers import OneTurn  # noqa: E402
 

@@ -2,8 +2,8 @@
 step, and that step draws it (fresh_first); later steps keep drawing synthesized tasks for half the batch
 (synthetic_share), so a task whose first group scored alike gets more chances within the demo's six steps."""
 from coevolve.services.learner.config import LearnerSettings
-from coevolve.services.learner.sampler import load_problem
-from coevolve.services.learner.service import Learner
+from coevolve.services.learner.loop.sampler import load_problem
+from coevolve.services.learner.loop.service import Learner
 from coevolve.services.run.plan import make_plan
 from coevolve.services.runtime.config import assemble
 

@@ -7,8 +7,8 @@ import pytest
 from coevolve.services.agent.config import EpisodeLimits, SamplingConfig
 from coevolve.services.envs.bfcl_data import load_tasks
 from coevolve.services.learner.config import GRPOConfig, LearnerConfig, SamplerConfig
-from coevolve.services.learner.sampler import TaskPool
-from coevolve.services.learner.step import StepRunner
+from coevolve.services.learner.loop.sampler import TaskPool
+from coevolve.services.learner.loop.step import StepRunner
 from tests.agent_helpers import ScriptedBackend, byte_tokenizer
 
 LIMITS = EpisodeLimits(max_user_turns=1, max_context_tokens=100_000)

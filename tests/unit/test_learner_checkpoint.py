@@ -5,12 +5,13 @@ import pytest
 import torch
 
 from coevolve.services.agent.config import BackendConfig
-from coevolve.services.learner import checkpoint as ckpt
-from coevolve.services.learner.batch import TrainSequence
+from coevolve.services.learner.loop import checkpoint as ckpt
+from coevolve.services.learner.trainer.batch import TrainSequence
 from coevolve.services.learner.config import GRPOConfig, LearnerConfig, LearnerSettings
-from coevolve.services.learner.engines import build_engine
-from coevolve.services.learner.service import Learner, resolve_run
-from coevolve.services.learner.shapes import random_llama
+from coevolve.services.learner.trainer.build import build_engine
+from coevolve.services.learner.loop.replay import resolve_run
+from coevolve.services.learner.loop.service import Learner
+from coevolve.services.learner.trainer.shapes import random_llama
 from coevolve.services.runtime.config import ConfigError
 
 

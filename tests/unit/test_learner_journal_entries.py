@@ -8,12 +8,13 @@ import pytest
 from coevolve.services.agent.config import BackendConfig
 from coevolve.services.envs.bfcl_data import load_tasks
 from coevolve.services.kafka.topics import EVALUATIONS, POLICY, STEPS, TRAJECTORIES
-from coevolve.services.learner import journal
-from coevolve.services.learner.batch import TrainSequence
+from coevolve.services.learner.loop import journal
+from coevolve.services.learner.trainer.batch import TrainSequence
 from coevolve.services.learner.config import LearnerConfig, LearnerSettings, SamplerConfig
-from coevolve.services.learner.sampler import TaskPool
-from coevolve.services.learner.service import Learner, resolve_run
-from coevolve.services.learner.record import StepRecord
+from coevolve.services.learner.loop.sampler import TaskPool
+from coevolve.services.learner.loop.replay import resolve_run
+from coevolve.services.learner.loop.service import Learner
+from coevolve.services.learner.loop.record import StepRecord
 from coevolve.services.runtime.config import ConfigError
 
 SEEDS = load_tasks(split="train")[:3]

@@ -13,9 +13,10 @@ from coevolve.services.envs.bfcl_data import load_tasks
 from coevolve.services.kafka.consumer import dead_letter_id
 from coevolve.services.kafka.topics import DEADLETTER, TASKS
 from coevolve.services.learner.config import GRPOConfig, LearnerConfig, LearnerSettings, SamplerConfig
-from coevolve.services.learner.sampler import Origin, TaskPool, load_problem
-from coevolve.services.learner.service import Learner
-from coevolve.services.learner.step import StepRunner, Update
+from coevolve.services.learner.loop.sampler import Origin, TaskPool, load_problem
+from coevolve.services.learner.loop.service import Learner
+from coevolve.services.learner.loop.results import Update
+from coevolve.services.learner.loop.step import StepRunner
 from tests.agent_helpers import ScriptedBackend, byte_tokenizer
 
 SEEDS = load_tasks(split="train")[:4]

@@ -7,9 +7,9 @@ from coevolve.schemas.codec import default_registry
 from coevolve.services.agent.config import EpisodeLimits, SamplingConfig
 from coevolve.services.envs.bfcl_data import load_tasks
 from coevolve.services.learner.config import GRPOConfig, LearnerConfig, SamplerConfig
-from coevolve.services.learner.sampler import TaskPool
-from coevolve.services.learner.record import PHASES, StepRecord
-from coevolve.services.learner.step import StepRunner, reward_function, step_event_id
+from coevolve.services.learner.loop.sampler import TaskPool
+from coevolve.services.learner.loop.record import PHASES, StepRecord
+from coevolve.services.learner.loop.step import StepRunner, reward_function, step_event_id
 from tests.agent_helpers import ScriptedBackend, byte_tokenizer
 
 LIMITS = EpisodeLimits(max_user_turns=1, max_context_tokens=100_000)
@@ -141,7 +141,7 @@ def test_rewards_are_success_or_partial_score():
 
 
 def test_evaluation_is_due_every_e_steps_and_after_the_last():
-    from coevolve.services.learner.evaluation import due, evaluation_event_id
+    from coevolve.services.learner.loop.evaluation import due, evaluation_event_id
 
     cfg = LearnerConfig(steps=7, eval_every=3)
     assert [s for s in range(1, 8) if due(cfg, s)] == [3, 6, 7]

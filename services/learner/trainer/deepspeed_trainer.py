@@ -5,11 +5,11 @@
   it finds no GPU, with a warning; being explicit keeps a GPU host from choosing CUDA for a CPU run).
 - Single process: outside a launcher, `deepspeed.initialize` still joins a process group, so RANK,
   LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT get single-process values when they are unset.
-  Several ranks run under torchrun, which sets them; the group is already joined (`ranks.init_group`:
+  Several ranks run under torchrun, which sets them; the group is already joined (`ranks.group.init_group`:
   gloo on CPU, where DeepSpeed's own choice would be oneCCL) and DeepSpeed uses it.
 - ZeRO-3 partitions every parameter: the push gathers them one at a time (`GatheredParameters`), and
   a checkpoint is DeepSpeed's, one file of partitions per rank, read back at the same world size only.
-  A learner's ranks load the weights already partitioned (`engines.load_engine`: transformers'
+  A learner's ranks load the weights already partitioned (`build.load_engine`: transformers'
   `HfDeepSpeedConfig` puts `from_pretrained` under `deepspeed.zero.Init`), and so the KL reference,
   which then computes inside an engine of its own.
 - First start on CPU JIT-builds a shared-memory communication op (about a minute here; cached in
@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from coevolve.services.learner.config import GRPOConfig, read_deepspeed_config
-from coevolve.services.learner.engine import Engine
+from coevolve.services.learner.trainer.trainer import Engine
 from coevolve.services.runtime.ports import free_port
 
 
@@ -105,7 +105,7 @@ class DeepSpeedEngine(Engine):
     def _backward(self, loss: torch.Tensor) -> None:
         self.ds.backward(loss, scale_wrt_gas=False)
 
-    def _optimizer_step(self) -> float:
+    def optimizer_step(self) -> float:
         self.ds.step()
         norm = self.ds.get_global_grad_norm()
         return float(norm) if norm is not None else float("nan")

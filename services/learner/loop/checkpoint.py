@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from coevolve.services.learner.engine import Engine
+    from coevolve.services.learner.trainer.trainer import Engine
 
 LATEST = "latest"
 
@@ -56,7 +56,7 @@ def _write_text(path: Path, text: str) -> None:
 def save_checkpoint(workdir: Path, engine: Engine, *, step: int, run_id: str, policy_version: int,
                     sampler: dict[str, Any], config: dict[str, Any], keep: int = 2, world_size: int = 1) -> Path:
     """Write step `step`'s checkpoint, point `latest` at it, and keep only the newest `keep`. With several
-    ranks this is rank 0's part: its `engine` (ranks.Driver) has every rank write its shard into the folder."""
+    ranks this is rank 0's part: its `engine` (ranks.driver.Driver) has every rank write its shard into the folder."""
     final = step_dir(workdir, step)
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coevolve.services.learner.batch import TrainSequence
-from coevolve.services.learner.record import StepRecord
+from coevolve.services.learner.trainer.batch import TrainSequence
+from coevolve.services.learner.loop.record import StepRecord
 
 PREFIX = "step-"
 

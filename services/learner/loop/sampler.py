@@ -1,7 +1,7 @@
 """The learner's task pool: the seed training split plus the validated tasks of `coevolve.tasks`.
 
-`TaskFeed` follows the compacted topic from its beginning in a background thread (no consumer group:
-the catalog is rebuilt at every start) and only buffers what arrives. `TaskPool.refresh()`, called
+`TaskFeed` (feed.py) follows the compacted topic from its beginning in a background thread (no consumer
+group: the catalog is rebuilt at every start) and only buffers what arrives. `TaskPool.refresh()`, called
 between steps, takes the buffer in: the latest verdict per task id wins, so a validated task joins and a
 task rejected later leaves. A step therefore never sees the pool change under it, and the learner
 never waits on the explorer or validator: `refresh()` returns the seconds spent taking tasks in, the
@@ -274,48 +274,3 @@ def _weighted(rng: random.Random, items: list[Drawn], weights: list[float], n: i
                       reverse=True)
         out += [items[i] for i in keys[:n - len(out)]]
     return out
-
-
-class TaskFeed:
-    """A daemon thread reading `coevolve.tasks` from the beginning into `pool.offer`; what is not a
-    `TaskChecked` (or does not decode) goes to the consumer's dead letters, sent by a producer of its own."""
-
-    def __init__(self, make_consumer: Callable[[], Any], pool: TaskPool, poll_s: float = 0.2):
-        self.make_consumer, self.pool, self.poll_s = make_consumer, pool, poll_s
-        self.received = 0
-        self.error: str | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="learner-task-feed", daemon=True)
-
-    def start(self) -> "TaskFeed":
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        consumer, flushed = None, 0
-        try:
-            consumer = self.make_consumer()
-            while not self._stop.is_set():
-                for item in consumer.poll(self.poll_s):
-                    if item.name == "TaskChecked":
-                        self.pool.offer(item.event, Origin(item.topic, item.partition, item.offset, item.key))
-                        self.received += 1
-                    else:
-                        consumer.reject(item, "invalid", f"{item.name} on {item.topic}: the learner takes only "
-                                                         "TaskChecked events from it")
-                if consumer.dead_lettered != flushed and consumer.deadletters is not None:
-                    consumer.deadletters.flush()  # undecodable or foreign events, dead-lettered as read
-                    flushed = consumer.dead_lettered
-        except Exception as exc:  # the learner keeps training on the pool it has; health reports it
-            self.error = f"{type(exc).__name__}: {exc}"
-            log.error("sampler.feed_failed", error=self.error)
-        finally:
-            if consumer is not None:
-                consumer.close()
-                if consumer.deadletters is not None:
-                    consumer.deadletters.close()
-
-    def stop(self, timeout_s: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout_s)

@@ -1,4 +1,4 @@
-"""A training rank other than 0: its shard of the policy, trained as rank 0 commands (ranks.follow).
+"""A training rank other than 0: its shard of the policy, trained as rank 0 commands (`driver.follow`).
 
 It reads no topic and publishes nothing. It ignores SIGTERM and SIGINT: a stop is rank 0's to decide
 at a step boundary, after which rank 0 releases it. It serves its own /metrics and /healthz on the
@@ -15,8 +15,9 @@ import torch.distributed as dist
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from coevolve.services.learner.config import LearnerSettings
-from coevolve.services.learner.engines import load_engine
-from coevolve.services.learner.ranks import Ranks, complete, follow, init_group, share
+from coevolve.services.learner.ranks.driver import follow
+from coevolve.services.learner.ranks.group import Ranks, init_group
+from coevolve.services.learner.ranks.start import start_engine
 from coevolve.services.runtime.health import serve
 from coevolve.services.runtime.log import get_logger
 
@@ -44,9 +45,7 @@ def serve_rank(settings: LearnerSettings, ranks: Ranks) -> None:
         except OSError as exc:
             log.warning("learner.rank_metrics_unavailable", rank=ranks.rank, port=port + ranks.local_rank,
                         reason=str(exc))
-    start = share()  # rank 0's starting policy and pad id, once it has them (Learner.start)
-    engine = load_engine(start["model"], settings.grpo, start["pad_id"], settings.backend.seed, ranks.device())
-    complete()  # rank 0 drives no one before every rank has its engine
+    engine = start_engine(ranks, settings.grpo, settings.backend.seed)  # once rank 0 has its starting policy
     state["engine"] = type(engine).__name__
 
     def observe(metrics: dict[str, float]) -> None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from coevolve.services.learner import packing
+from coevolve.services.learner.trainer import packing
 from coevolve.services.learner.config import GRPOConfig, read_deepspeed_config, zero_stage
-from coevolve.services.learner.engine import Engine, TorchEngine
-from coevolve.services.learner.lora import add_lora
+from coevolve.services.learner.trainer.trainer import Engine, TorchEngine
+from coevolve.services.learner.trainer.lora import add_lora
 
 
 def prepare_policy(model: torch.nn.Module, config: GRPOConfig) -> torch.nn.Module:
@@ -31,12 +31,12 @@ def build_engine(model: torch.nn.Module, config: GRPOConfig, pad_id: int = 0) ->
     FSDP2 in a process group of several ranks, plain torch in one process."""
     model = prepare_policy(model, config)
     if config.deepspeed_config:
-        # Imported here: importing deepspeed picks its accelerator once (deepspeed_engine's docstring).
-        from coevolve.services.learner.deepspeed_engine import DeepSpeedEngine
+        # Imported here: importing deepspeed picks its accelerator once (deepspeed_trainer's docstring).
+        from coevolve.services.learner.trainer.deepspeed_trainer import DeepSpeedEngine
 
         return DeepSpeedEngine(model, config, pad_id)
     if dist.is_initialized() and dist.get_world_size() > 1:
-        from coevolve.services.learner.fsdp_engine import FSDPEngine
+        from coevolve.services.learner.trainer.fsdp_trainer import FSDPEngine
 
         return FSDPEngine(model, config, pad_id)
     return TorchEngine(model, config, pad_id)
@@ -48,7 +48,7 @@ def load_engine(model_dir: str, config: GRPOConfig, pad_id: int, seed: int, devi
 
     With several ranks no rank holds the whole model on its device: under FSDP2 only rank 0 reads the
     weights, on the CPU, and every rank builds the model on the meta device and takes its shards from
-    rank 0 (`fsdp_engine.take_from_rank0`); under ZeRO-3 every rank loads its partitions only
+    rank 0 (`fsdp_trainer.take_from_rank0`); under ZeRO-3 every rank loads its partitions only
     (`_zero3_engine`)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -59,7 +59,7 @@ def load_engine(model_dir: str, config: GRPOConfig, pad_id: int, seed: int, devi
     if config.deepspeed_config or not several:
         policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
         return build_engine(policy, config, pad_id)
-    from coevolve.services.learner.fsdp_engine import FSDPEngine
+    from coevolve.services.learner.trainer.fsdp_trainer import FSDPEngine
 
     source = None
     if dist.get_rank() == 0:
@@ -76,7 +76,7 @@ def _zero3_engine(model_dir: str, config: GRPOConfig, pad_id: int, device: torch
     from transformers import AutoModelForCausalLM
     from transformers.integrations import HfDeepSpeedConfig
 
-    from coevolve.services.learner.deepspeed_engine import DeepSpeedEngine, deepspeed_settings, import_deepspeed
+    from coevolve.services.learner.trainer.deepspeed_trainer import DeepSpeedEngine, deepspeed_settings, import_deepspeed
 
     import_deepspeed(device)
     partitioning = HfDeepSpeedConfig(deepspeed_settings(config))  # transformers holds it weakly: keep it
