@@ -14,7 +14,7 @@ Per engine: one warm-up update, in which the live tensors are counted (each stor
 the optimizer step (weights, gradients) and after it (AdamW's state, created by the first step); then
 `repeats` timed updates; then, with several ranks, one update under torch.profiler (CPU activities).
 
-- speed (runs torch-1, fsdp2-1, fsdp2-2): plain torch in one process (TorchEngine), FSDP2 on 1 rank and
+- speed (runs torch-1, fsdp2-1, fsdp2-2): plain torch in one process (TorchTrainer), FSDP2 on 1 rank and
   on 2 ranks. torchrun gives each of several ranks one thread, a single process keeps torch's default
   (one per core), so both world sizes use the machine's cores. Reported: the median update seconds on
   rank 0; each rank's `engine.rank_times` (training = forward and backward, reduce = the optimizer step
@@ -335,7 +335,7 @@ def rank_child(args) -> None:
     import torch.distributed as dist
 
     from coevolve.services.learner.config import GRPOConfig
-    from coevolve.services.learner.trainer.build import build_engine, prepare_policy
+    from coevolve.services.learner.trainer.build import build_trainer, prepare_policy
     from coevolve.services.learner.ranks.driver import Driver, follow
     from coevolve.services.learner.ranks.group import Ranks, init_group
     from coevolve.services.learner.ranks.split import split
@@ -356,11 +356,11 @@ def rank_child(args) -> None:
     deepspeed = args.deepspeed_config if args.rank_child.startswith("zero") else ""
     config = GRPOConfig(lr=1e-6, micro_batch_size=4, shared_prefix=True, kl_beta=0.0, deepspeed_config=deepspeed)
     if args.rank_child == "fsdp":
-        from coevolve.services.learner.trainer.fsdp_trainer import FSDPEngine
+        from coevolve.services.learner.trainer.fsdp_trainer import FSDPTrainer
 
-        engine = FSDPEngine(prepare_policy(model, config), config)
+        engine = FSDPTrainer(prepare_policy(model, config), config)
     else:
-        engine = build_engine(model, config)
+        engine = build_trainer(model, config)
     del model
     gc.collect()
     mem.update(rss_engine=status("VmRSS"), peak_build=status("VmHWM"), build_seconds=time.perf_counter() - started)

@@ -24,7 +24,7 @@ LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 
 @dataclass(frozen=True)
 class GRPOConfig:
-    """Optimizer, loss and engine settings of a GRPO training step."""
+    """Optimizer, loss and trainer settings of a GRPO training step."""
 
     lr: float = doc(1e-6, "AdamW learning rate (the paper's 1e-6).")
     weight_decay: float = doc(0.0, "AdamW weight decay.")

@@ -28,7 +28,7 @@ def test_the_demo_pool_takes_a_validated_task_between_steps_and_the_next_step_dr
     pool.refresh(1)
     first = pool.draw(b)
     assert all(d.source == "seed" for d in first)
-    seed = next(iter(pool.seed.values()))
+    seed = next(iter(pool.seed_tasks.values()))
     pool.offer(validated(seed, "synthesized_demo"))  # arrives while step 1 runs
     assert pool.size == 16
     pool.refresh(2)
@@ -46,5 +46,5 @@ def test_the_demo_explorer_falls_back_on_the_learners_own_seed_tasks():
     plan = make_plan("demo")
     explorer = assemble(ExplorerSettings, "explorer", environ=plan.env("explorer"))
     mine = [t.task_id for t in explorer.seeds.tasks()]
-    assert set(mine) == set(demo_learner()._pool().seed) and len(set(mine)) == 16
+    assert set(mine) == set(demo_learner()._pool().seed_tasks) and len(set(mine)) == 16
     assert {t.split("_")[-2] for t in mine} == {"base", "param"}  # both categories, interleaved

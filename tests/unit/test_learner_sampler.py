@@ -17,7 +17,7 @@ def verdict(task_id: str, verdict: str = "validated", base=SEEDS[0]) -> dict:
 
 
 def pool(**kwargs) -> TaskPool:
-    return TaskPool(SEEDS, SamplerConfig(**kwargs), seed=7)
+    return TaskPool(SEEDS, SamplerConfig(**kwargs), rng_seed=7)
 
 
 def test_an_arrival_joins_only_at_the_next_refresh():

@@ -42,7 +42,7 @@ def says_yes(episode) -> float:
 def runner(tokenizer, answers, **cfg):
     answers = itertools.cycle(answers)
     backend = ScriptedBackend(tokenizer, lambda request: next(answers))
-    pool = TaskPool(load_tasks(split="train")[:3], SamplerConfig(), seed=1)
+    pool = TaskPool(load_tasks(split="train")[:3], SamplerConfig(), rng_seed=1)
     engine = RecordingEngine()
     learner = LearnerConfig(**{"batch_tasks": 2, "group_size": 3, **cfg})
     return StepRunner(learner, GRPOConfig(), pool, backend, engine, SAMPLING, LIMITS, "run-t", says_yes), engine
@@ -85,7 +85,7 @@ def test_the_step_record_is_the_step_completed_event_field_for_field():
 
 def fresh_pool() -> TaskPool:
     """Three seed tasks and one validated task (a copy of another train task), drawn first."""
-    pool = TaskPool(load_tasks(split="train")[:3], SamplerConfig(fresh_first=True), seed=1)
+    pool = TaskPool(load_tasks(split="train")[:3], SamplerConfig(fresh_first=True), rng_seed=1)
     base = load_tasks(split="train")[5]
     pool.offer({**base.to_record(), "task_id": "syn-1", "verdict": "validated", "source": "synthesized"})
     pool.refresh(1)

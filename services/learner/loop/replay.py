@@ -5,7 +5,7 @@ Event ids derive from (run, step, task, rollout), and consumers keep the first c
 that published before a crash must never be re-run: its rollouts and update would differ from what was
 published. `--resume` restores the latest checkpoint c and then replays every journal entry c+1..k in
 order, without rollouts: the same `update` on the journaled batch (so the weights, the optimizer state
-and the engine's update count follow the path they took, with DeepSpeed and LoRA alike), the pool's
+and the trainer's update count follow the path they took, with DeepSpeed and LoRA alike), the pool's
 state after the step, and the step's records sent again as journaled (same ids and content, which also
 completes a publish the crash cut short; the evaluation is sent as it was, never re-run). The service
 then pushes the weights to the rollout backend once, after the last entry, with the policy version that
@@ -27,7 +27,7 @@ from coevolve.services.learner.loop.sampler import TaskPool
 from coevolve.services.runtime.config import ConfigError
 
 
-def replay(workdir: Path, done: int, run_id: str, engine: Any, pool: TaskPool,
+def replay(workdir: Path, done: int, run_id: str, trainer: Any, pool: TaskPool,
            producer: Any) -> Iterator[tuple[journal.Entry, float | None]]:
     """Replay the journal's entries after step `done`; yield each entry, once replayed, with the loss of
     its update again (None when it did not train)."""
@@ -36,10 +36,10 @@ def replay(workdir: Path, done: int, run_id: str, engine: Any, pool: TaskPool,
         if entry.run_id != run_id:
             raise ConfigError(f"{path} is a step of run {entry.run_id}, not of {run_id}; move the "
                               "journal away, or choose another --workdir")
-        loss = engine.update(entry.batch)["loss"] if entry.trained else None
-        if engine.updates != entry.engine_updates:
-            raise RuntimeError(f"{path} was journaled after engine update {entry.engine_updates}, its replay "
-                               f"reached {engine.updates}: the journal does not continue the checkpoint")
+        loss = trainer.update(entry.batch)["loss"] if entry.trained else None
+        if trainer.updates != entry.trainer_updates:
+            raise RuntimeError(f"{path} was journaled after trainer update {entry.trainer_updates}, its replay "
+                               f"reached {trainer.updates}: the journal does not continue the checkpoint")
         pool.restore(entry.sampler)
         publish_step(producer, run_id, path, entry.trajectories, [entry.evaluation, entry.subjects], entry.record,
                      published=entry.published, policy_update=entry.policy_update)

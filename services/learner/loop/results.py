@@ -65,10 +65,10 @@ class Rollouts:
 
 @dataclass(frozen=True)
 class Update:
-    """The engine's update over a step's batch, and the push that followed it."""
+    """The trainer's update over a step's batch, and the push that followed it."""
 
     metrics: dict[str, float]
-    """The engine's metrics of the update; empty when there was none."""
+    """The trainer's metrics of the update; empty when there was none."""
     trained: bool
     """Whether the update (and the push) happened: not when no advantage was non-zero."""
     push: dict[str, Any] | None = None
@@ -76,7 +76,7 @@ class Update:
 
 
 @dataclass(frozen=True)
-class StepResult:
+class StepOutcome:
     """What a finished step publishes (its trajectories, then its record) and the batch it trained on."""
 
     trajectories: list[dict[str, Any]]

@@ -82,12 +82,12 @@ def load_problem(task: Task, env: str = "bfcl") -> str | None:
 class TaskPool:
     """Seed tasks and synthesized tasks; arrivals wait in a buffer until `refresh()`."""
 
-    def __init__(self, seed_tasks: Sequence[Task], config: SamplerConfig, seed: int = 0,
+    def __init__(self, seed_tasks: Sequence[Task], config: SamplerConfig, rng_seed: int = 0,
                  check: Callable[[Task], str | None] = load_problem):
         self.config = config
-        self.seed = {t.task_id: t for t in seed_tasks}
+        self.seed_tasks = {t.task_id: t for t in seed_tasks}
         self.synthesized: dict[str, tuple[Task, int]] = {}  # task id -> (task, step it joined)
-        self.rng = random.Random(seed)
+        self.rng = random.Random(rng_seed)
         self.step = 0
         self.frozen = False
         self.invalid = 0
@@ -128,7 +128,7 @@ class TaskPool:
 
     def _apply(self, record: dict[str, Any], step: int, origin: Origin | None = None) -> None:
         task_id = str(record.get("task_id", ""))
-        if task_id in self.seed:
+        if task_id in self.seed_tasks:
             return
         if record.get("verdict") != "validated":
             self.synthesized.pop(task_id, None)
@@ -156,13 +156,13 @@ class TaskPool:
         """The tasks whose weakness signals led to a task in the pool (each once, in id order): what a
         repair evaluation runs. A subject that is neither a seed nor a synthesized task of the pool is left
         out (a seed task of another category)."""
-        known = {**self.seed, **{k: t for k, (t, _) in self.synthesized.items()}}
+        known = {**self.seed_tasks, **{k: t for k, (t, _) in self.synthesized.items()}}
         return [known[k] for k in sorted(set(self.subjects.values())) if k in known]
 
     def _drop(self, bad: Unloadable) -> None:
         self.synthesized.pop(bad.task_id, None)
         self.loadable.discard(bad.task_id)
-        if self.seed.pop(bad.task_id, None) is not None:
+        if self.seed_tasks.pop(bad.task_id, None) is not None:
             self.dropped_seeds.add(bad.task_id)
         self._unloadable.append(bad)
 
@@ -179,7 +179,7 @@ class TaskPool:
 
     @property
     def size(self) -> int:
-        return len(self.seed) + len(self.synthesized)
+        return len(self.seed_tasks) + len(self.synthesized)
 
     def weight(self, task_id: str) -> float:
         """A synthesized task's recency weight at the current step (1 without a half-life)."""
@@ -190,7 +190,7 @@ class TaskPool:
 
     def sample(self, n: int) -> list[Drawn]:
         """Draw `n` tasks for the current step: the fresh ones first (`fresh_first`), then by the mixing."""
-        if not self.seed and not self.synthesized:
+        if not self.seed_tasks and not self.synthesized:
             raise RuntimeError("the task pool is empty: give seed categories with train tasks, or wait for "
                                "validated tasks")
         fresh = self._fresh(n) if self.config.fresh_first else []
@@ -209,7 +209,7 @@ class TaskPool:
 
     def _mix(self, n: int, exclude: set[str]) -> list[Drawn]:
         """`n` tasks by the configured mixing, from the pool less `exclude`."""
-        seed = [Drawn(self.seed[k], "seed") for k in sorted(self.seed) if k not in exclude]
+        seed = [Drawn(self.seed_tasks[k], "seed") for k in sorted(self.seed_tasks) if k not in exclude]
         synth = [Drawn(self.synthesized[k][0], "synthesized") for k in sorted(self.synthesized) if k not in exclude]
         synth_w = [self.weight(d.task.task_id) for d in synth]
         share = self.config.synthetic_share
@@ -229,7 +229,7 @@ class TaskPool:
             fresh = self.sample(n - len(drawn))
             for d in fresh:
                 task_id = d.task.task_id
-                if task_id not in self.loadable and task_id in {*self.seed, *self.synthesized}:
+                if task_id not in self.loadable and task_id in {*self.seed_tasks, *self.synthesized}:
                     problem = self.check(d.task)
                     if problem is not None:
                         self._drop(Unloadable(task_id, problem, None, None))
@@ -258,7 +258,7 @@ class TaskPool:
         self.drawn = set(state.get("drawn", ()))
         self.subjects = dict(state.get("subjects", {}))
         for task_id in self.dropped_seeds:
-            self.seed.pop(task_id, None)
+            self.seed_tasks.pop(task_id, None)
         self.loadable = set()
         self.synthesized = {}
         for entry in state["synthesized"]:

@@ -33,13 +33,13 @@ from coevolve.services.learner.loop.evaluation import due, evaluate, evaluate_su
 from coevolve.services.learner.loop.feed import TaskFeed, tasks_consumer
 from coevolve.services.learner.loop.publish import dead_letter, publish_evaluation, publish_step
 from coevolve.services.learner.loop.replay import replay, resolve_run
-from coevolve.services.learner.loop.results import StepResult
+from coevolve.services.learner.loop.results import StepOutcome
 from coevolve.services.learner.loop.sampler import TaskPool
 from coevolve.services.learner.loop.step import Reward, StepRunner
 from coevolve.services.learner.loop.telemetry import Telemetry
 from coevolve.services.learner.ranks.driver import Driver
 from coevolve.services.learner.ranks.group import Ranks, init_group
-from coevolve.services.learner.ranks.start import start_engine
+from coevolve.services.learner.ranks.start import start_trainer
 from coevolve.services.runtime.config import ConfigError
 from coevolve.services.runtime.service import Service
 
@@ -76,17 +76,16 @@ class Learner(Service):
         self.done = self.resumed.step if self.resumed else 0
         self.checkpointed = self.done
         self.pool_state: dict[str, Any] | None = None  # the pool after the last completed step
-        self.backend = self.engine = self.pool = self.feed = self.producer = self.runner = None
+        self.backend = self.trainer = self.pool = self.feed = self.producer = self.runner = None
         self.started = time.monotonic()
         self.blocked = 0.0
-        self.last: StepResult | None = None
+        self.last: StepOutcome | None = None
         self.telemetry = Telemetry(self.registry, self.log)
 
     def details(self) -> dict:
         fleet = getattr(self.backend, "server_versions", None)  # the rollout fleet: each server's version
         return {"run_id": self.run_id, "step": self.done, "pool": self.pool.size if self.pool else 0,
-                "world_size": self.ranks.world_size,
-                "feed_error": self.feed.error if self.feed else None,
+                "world_size": self.ranks.world_size, "feed_error": self.feed.error if self.feed else None,
                 **({"servers": fleet, "servers_live": len(self.backend.live_servers)} if fleet is not None else {})}
 
     def start(self) -> None:
@@ -101,17 +100,17 @@ class Learner(Service):
             self.log.info("learner.rollouts_moved", backend=self.backend_cfg.backend, runs_as=rollouts,
                           reason="an in-process vLLM engine would join the training ranks' process group")
         self.backend = self._fleet() if rollouts == "vllm-server" else make_backend(self.backend_cfg)
-        self.engine = self._engine()
+        self.trainer = self._trainer()
         if self.resumed is not None:
-            ckpt.restore_engine(self.engine, self.resumed)
+            ckpt.restore_trainer(self.trainer, self.resumed)
             self.pool.restore(self.resumed.sampler)
             self.pool_state = self.resumed.sampler
         self.producer = EventProducer(self.cfg.kafka_bootstrap, client_id="coevolve-learner")
         version = self._replay()
         if self.done:  # the backend serves the starting weights; a resumed run has moved on
-            self.backend.update_weights(self.engine.named_parameters(), version=version)
+            self.backend.update_weights(self.trainer.named_parameters(), version=version)
             self.telemetry.version.set(version)
-        self.runner = StepRunner(self.cfg, self.grpo, self.pool, self.backend, self.engine, self.sampling,
+        self.runner = StepRunner(self.cfg, self.grpo, self.pool, self.backend, self.trainer, self.sampling,
                                  self.limits, self.run_id, self.reward)
         self.runner.should_stop = lambda: self.stopping
         self._follow_tasks()
@@ -153,11 +152,11 @@ class Learner(Service):
 
     def _pool(self) -> TaskPool:
         """A fresh pool of the seed tasks (a resumed run restores its state after)."""
-        return TaskPool(self.seeds.tasks(), self.sampler_cfg, seed=self.backend_cfg.seed)
+        return TaskPool(self.seeds.tasks(), self.sampler_cfg, rng_seed=self.backend_cfg.seed)
 
     def starting_policy(self) -> str:
         """The model the first rollouts come from: the warmed one when the warm-up is on (`warm_up`),
-        else the configured model. No broker and no engine needed."""
+        else the configured model. No broker and no trainer needed."""
         return self.warm_up() if self.warmup_cfg.warmup_steps else self.backend_cfg.model
 
     def warm_up(self) -> str:
@@ -171,15 +170,15 @@ class Learner(Service):
         self.log.info("learner.warmed", base=base, model=str(path))
         return str(path)
 
-    def _engine(self):
-        """The engine over the rollout backend's starting weights; with several ranks, every rank's is built
+    def _trainer(self):
+        """The trainer over the rollout backend's starting weights; with several ranks, every rank's is built
         from them alike and rank 0 gets the driver of the others (ranks/start.py)."""
         from coevolve.services.agent.models import resolve_model
 
         model_dir = str(resolve_model(self.backend_cfg.model, self.backend_cfg.coevolve_home))
         pad = self.backend.tokenizer.pad_token_id
-        return start_engine(self.ranks, self.grpo, self.backend_cfg.seed,
-                            {"model": model_dir, "pad_id": pad if pad is not None else 0})
+        return start_trainer(self.ranks, self.grpo, self.backend_cfg.seed,
+                             {"model": model_dir, "pad_id": pad if pad is not None else 0})
 
     def _follow_tasks(self) -> None:
         """Start the task feed; in static mode read for `static_wait_s`, take the tasks in, then freeze."""
@@ -197,7 +196,7 @@ class Learner(Service):
     def _replay(self) -> int:
         """Replay the journal after the checkpoint (replay.py); return the policy version."""
         version = self.resumed.policy_version if self.resumed is not None else 0
-        for entry, loss in replay(self.cfg.workdir, self.done, self.run_id, self.engine, self.pool, self.producer):
+        for entry, loss in replay(self.cfg.workdir, self.done, self.run_id, self.trainer, self.pool, self.producer):
             self.done, version, self.pool_state = entry.step, entry.policy_version, entry.sampler
             self.telemetry.replayed.inc()
             self.beat()
@@ -235,7 +234,7 @@ class Learner(Service):
         sampler = result.pool_state
         path = journal.write(self.cfg.workdir, journal.Entry(
             step, self.run_id, result.trained, result.batch, result.trajectories, evaluation, record,
-            self.backend.version, self.engine.updates, sampler, policy_update=result.policy_update,
+            self.backend.version, self.trainer.updates, sampler, policy_update=result.policy_update,
             subjects=subjects))
         record = publish_step(self.producer, self.run_id, path, result.trajectories, [evaluation, subjects], record,
                               started=started, policy_update=result.policy_update)
@@ -244,7 +243,7 @@ class Learner(Service):
         if result.policy_update is not None:
             self.telemetry.pushed(result.policy_update)
         self.telemetry.stepped(record, evaluation, self.blocked_share,
-                             self.engine.rank_times if self.ranks.many and record.tokens_trained else [])
+                             self.trainer.rank_times if self.ranks.many and record.tokens_trained else [])
         self.beat()
         if step % self.cfg.checkpoint_every == 0 or step >= self.cfg.steps:
             self._checkpoint()
@@ -273,7 +272,7 @@ class Learner(Service):
             ("learner", self.cfg), ("grpo", self.grpo), ("sampler", self.sampler_cfg), ("warmup", self.warmup_cfg),
             ("backend", self.backend_cfg))}
         sampler = self.pool_state if self.pool_state is not None else self.pool.state()
-        path = ckpt.save_checkpoint(self.cfg.workdir, self.engine, step=self.done, run_id=self.run_id,
+        path = ckpt.save_checkpoint(self.cfg.workdir, self.trainer, step=self.done, run_id=self.run_id,
                                     world_size=self.ranks.world_size, policy_version=self.backend.version,
                                     sampler=sampler, config=configs, keep=self.cfg.keep_checkpoints)
         journal.prune(self.cfg.workdir, self.done)
@@ -282,11 +281,12 @@ class Learner(Service):
 
     def finish(self) -> None:
         try:
-            if self.engine is not None and self.done > self.checkpointed and not getattr(self.engine, "broken", False):
+            broken = getattr(self.trainer, "broken", False)  # a Driver whose ranks are out of step
+            if self.trainer is not None and self.done > self.checkpointed and not broken:
                 self._checkpoint()
         finally:
-            if isinstance(self.engine, Driver):
-                self.engine.close()
+            if isinstance(self.trainer, Driver):
+                self.trainer.close()
             if self.runner is not None:
                 self.runner.close()
             if self.feed is not None:

@@ -7,7 +7,7 @@ and the records the service publishes.
     dynamic sampling: groups with equal rewards are replaced by new draws, up to max_resample rounds
     A_i      = (r_i - mean_group) / (std_group + eps)          # advantages: grpo.group_advantages
     batch    = one TrainSequence per rollout, with its A_i     # sequences
-    engine.update(batch)                                       # update: clipped ratio against rollout log-probs
+    trainer.update(batch)                                      # update: clipped ratio against rollout log-probs
     backend.update_weights(policy, version + 1)                # push: the next rollouts use the new policy
     trajectories, StepRecord                                   # publish: what the service sends
 
@@ -47,7 +47,7 @@ from coevolve.services.agent.config import EpisodeLimits, SamplingConfig
 from coevolve.services.agent.episodes import Episode, run_episodes
 from coevolve.services.learner.config import GRPOConfig, LearnerConfig
 from coevolve.services.learner.loop.record import StepRecord
-from coevolve.services.learner.loop.results import Group, PhaseTimes, Rollouts, StepResult, Update, staleness
+from coevolve.services.learner.loop.results import Group, PhaseTimes, Rollouts, StepOutcome, Update, staleness
 from coevolve.services.learner.loop.sampler import Drawn, TaskPool
 from coevolve.services.learner.trainer.batch import TrainSequence
 from coevolve.services.learner.trainer.grpo import group_advantages
@@ -73,12 +73,12 @@ def policy_event_id(run_id: str, version: int) -> str:
 
 
 class StepRunner:
-    """Holds the pool, rollout backend and training engine; `run(step)` does one GRPO step."""
+    """Holds the pool, rollout backend and trainer; `run(step)` does one GRPO step."""
 
-    def __init__(self, cfg: LearnerConfig, grpo: GRPOConfig, pool: TaskPool, backend: Any, engine: Any,
+    def __init__(self, cfg: LearnerConfig, grpo: GRPOConfig, pool: TaskPool, backend: Any, trainer: Any,
                  sampling: SamplingConfig, limits: EpisodeLimits, run_id: str, reward: Reward | None = None,
                  env: str | Callable[[], Any] = "bfcl"):
-        self.cfg, self.grpo, self.pool, self.backend, self.engine = cfg, grpo, pool, backend, engine
+        self.cfg, self.grpo, self.pool, self.backend, self.trainer = cfg, grpo, pool, backend, trainer
         self.env = env
         self.sampling, self.limits, self.run_id = sampling, limits, run_id
         self.reward = reward or reward_function(grpo.reward)
@@ -88,7 +88,7 @@ class StepRunner:
         self._before: dict[int, dict[str, Any]] = {}  # step -> the pool's state before its draws
         self._executor: ThreadPoolExecutor | None = None
 
-    def run(self, step: int) -> StepResult:
+    def run(self, step: int) -> StepOutcome:
         """One whole step (the pool's refresh before it included)."""
         started = time.perf_counter()
         self.times = PhaseTimes()
@@ -106,7 +106,7 @@ class StepRunner:
             for done in [k for k in self._before if k <= step + 1]:
                 del self._before[done]
         policy = self.policy_record(step, update)
-        return StepResult(trajectories, record, update, batch if update.trained else [], pool_state, policy)
+        return StepOutcome(trajectories, record, update, batch if update.trained else [], pool_state, policy)
 
     def rollouts(self, step: int) -> Rollouts:
         """The step's rollouts: those the look-ahead started, or rolled out now."""
@@ -196,11 +196,11 @@ class StepRunner:
         if not any(s.advantage != 0.0 and s.loss_tokens for s in batch):
             return Update({}, False)
         with self.times.phase("training"):
-            metrics = self.engine.update(batch)
+            metrics = self.trainer.update(batch)
         sent = [0]
 
         def counted() -> Iterator[tuple[str, Any]]:
-            for name, tensor in self.engine.named_parameters():
+            for name, tensor in self.trainer.named_parameters():
                 sent[0] += tensor.numel() * tensor.element_size()
                 yield name, tensor
 

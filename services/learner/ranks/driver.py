@@ -1,6 +1,6 @@
 """How rank 0 drives the other ranks: `Driver` on rank 0, `follow` on every other rank.
 
-`Driver` is the engine rank 0 uses: the same methods as an engine, each announcing its command to the
+`Driver` is the trainer rank 0 uses: the same methods as a trainer, each announcing its command to the
 other ranks first (`group.share`), so every rank enters the same collectives in the same order. The
 other ranks run `follow`, which waits for rank 0's next command and does its part of it:
 
@@ -29,27 +29,27 @@ from coevolve.services.learner.ranks.split import split
 
 
 class Driver:
-    """Rank 0's engine: each collective method tells the other ranks to join in, then runs here.
+    """Rank 0's trainer: each collective method tells the other ranks to join in, then runs here.
 
     A failure inside one leaves the ranks at different points of a collective: the driver is then
     `broken`, refuses further commands (a checkpoint among them) and releases no one; rank 0 exits with
     the error and torchrun stops the rest."""
 
-    def __init__(self, engine: Any):
-        self.engine = engine
-        self.shared = split(engine)  # its updates, shared by the ranks
+    def __init__(self, trainer: Any):
+        self.trainer = trainer
+        self.shared = split(trainer)  # its updates, shared by the ranks
         self.broken = False
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.engine, name)
+        return getattr(self.trainer, name)
 
     @property
     def updates(self) -> int:
-        return self.engine.updates
+        return self.trainer.updates
 
     @updates.setter
     def updates(self, value: int) -> None:
-        self.engine.updates = value
+        self.trainer.updates = value
 
     def _command(self, command: str, arg: Any = None) -> None:
         if self.broken:
@@ -75,7 +75,7 @@ class Driver:
         other rank takes part in each gather."""
         self._command("params")
         with self._together():
-            stream = iter(self.engine.named_parameters())
+            stream = iter(self.trainer.named_parameters())
             try:
                 for item in stream:
                     yield item
@@ -89,12 +89,12 @@ class Driver:
     def save(self, folder: Path) -> None:
         self._command("save", str(folder))
         with self._together():
-            self.engine.save(folder)
+            self.trainer.save(folder)
 
     def load(self, folder: Path) -> None:
         self._command("load", str(folder))
         with self._together():
-            self.engine.load(folder)
+            self.trainer.load(folder)
 
     def close(self) -> None:
         """Release the other ranks (`follow` returns) and leave the group."""
@@ -104,10 +104,10 @@ class Driver:
             dist.destroy_process_group()
 
 
-def follow(engine: Any, on_update=None) -> None:
+def follow(trainer: Any, on_update=None) -> None:
     """A rank other than 0: do its part of each of rank 0's commands until `stop`. `on_update(metrics)`
     sees each update's metrics (the rank's /metrics)."""
-    shared = split(engine)  # its updates, shared by the ranks
+    shared = split(trainer)  # its updates, shared by the ranks
     while True:
         command, arg = share()
         if command == "stop":
@@ -119,13 +119,13 @@ def follow(engine: Any, on_update=None) -> None:
                 on_update(metrics)
         elif command == "params":
             started = time.perf_counter()
-            for _ in engine.named_parameters():
+            for _ in trainer.named_parameters():
                 pass
             if on_update is not None:
                 on_update({"push_seconds": time.perf_counter() - started})
         elif command == "save":
-            engine.save(Path(arg))
+            trainer.save(Path(arg))
         elif command == "load":
-            engine.load(Path(arg))
+            trainer.load(Path(arg))
         else:
             raise RuntimeError(f"rank {dist.get_rank()} got an unknown command {command!r} from rank 0")

@@ -1,10 +1,10 @@
 """One update shared by the ranks: every rank is given the whole batch and trains its share of it.
 
 The micro-batches are dealt out by tokens (`assign`, the same split on every rank); the loss weights
-are the whole batch's, and each rank's loss is scaled by the world size so that the engine's gradient
+are the whole batch's, and each rank's loss is scaled by the world size so that the trainer's gradient
 average is the sum over ranks: the gradient and the reported loss are what one rank would compute over
 the whole batch. A rank with fewer micro-batches runs a weightless one per missing round, since every
-forward and backward is a collective for sharded weights. The engine's own `update` is the one-rank
+forward and backward is a collective for sharded weights. The trainer's own `update` is the one-rank
 case; `SplitTrainer.update` takes the same steps (`begin`, `scales`, `micro_batches`, `backward`,
 `optimizer_step`, `end`, `metrics`) with the ranks' parts added.
 """
@@ -49,8 +49,8 @@ def split(trainer: Any) -> Any:
 
 
 class SplitTrainer:
-    """A rank's engine in a group of several: `update` trains this rank's share; everything else, read from
-    the engine itself."""
+    """A rank's trainer in a group of several: `update` trains this rank's share; everything else, read from
+    the trainer itself."""
 
     def __init__(self, trainer: Any):
         self.trainer = trainer

@@ -1,4 +1,4 @@
-"""Training engines: one `update(batch) -> metrics` over GRPO sequences, plain torch or DeepSpeed.
+"""Trainers: one `update(batch) -> metrics` over GRPO sequences, plain torch or DeepSpeed.
 
 An update computes each sequence's loss weight over the whole batch first (`grpo.sequence_scales`),
 then runs micro-batches of `micro_batch_size` sequences, each forward/backward adding its share of
@@ -7,8 +7,8 @@ accumulated gradient equals the full batch's, whatever the micro-batch size. Wit
 (the default) a micro-batch is a pack of rollouts with the same prompt (`packing.py`), which is
 computed once for the pack instead of once per rollout.
 
-An engine takes a model already prepared for its config (`build.prepare_policy`: the packing
-attention, gradient checkpointing, LoRA); `build.build_engine` does both. The reference policy for
+A trainer takes a model already prepared for its config (`build.prepare_policy`: the packing
+attention, gradient checkpointing, LoRA); `build.build_trainer` does both. The reference policy for
 the KL term exists only when `kl_beta > 0`: a frozen copy of the starting weights (or the `reference`
 given, the same weights loaded apart), or, with LoRA, the same model with its adapters switched off
 (no copy).
@@ -30,8 +30,8 @@ from coevolve.services.learner.config import GRPOConfig
 from coevolve.services.learner.trainer.lora import is_lora, merged_named_parameters
 
 
-class Engine:
-    """The update loop shared by every engine; subclasses own the optimizer, the backward and the files.
+class Trainer:
+    """The update loop shared by every trainer; subclasses own the optimizer, the backward and the files.
 
     `model` must be prepared for `config` (`build.prepare_policy`); the constructor checks the parts
     that would otherwise compute something else silently, and changes nothing in the model."""
@@ -43,7 +43,7 @@ class Engine:
                  reference: torch.nn.Module | None = None) -> None:
         if config.shared_prefix and model.config._attn_implementation != packing.ATTENTION:
             raise ValueError("shared_prefix packs rollouts, which needs the model switched to the packing "
-                             "attention first: build the engine with build.build_engine, or call "
+                             "attention first: build the trainer with build.build_trainer, or call "
                              "build.prepare_policy on the model")
         if bool(config.lora_rank) != is_lora(model):
             raise ValueError(f"lora_rank={config.lora_rank} but the model {'has no' if config.lora_rank else 'has'} "
@@ -86,7 +86,7 @@ class Engine:
     def update(self, batch: Sequence[TrainSequence]) -> dict[str, float]:
         """One GRPO update on `batch` in this process (one optimizer step); returns the update's metrics.
 
-        Several ranks share an update through `ranks.split.update`, which takes the same steps."""
+        Several ranks share an update through `ranks.split.SplitTrainer.update`, which takes the same steps."""
         start = self.begin(batch)
         scales = self.scales(batch)
         sums = dict.fromkeys(self.STATS, 0.0)
@@ -103,8 +103,9 @@ class Engine:
         """Start an update on `batch`: the model in training mode; the perf_counter start."""
         if not batch:
             raise ValueError("update needs at least one sequence")
+        start = time.perf_counter()
         self.model.train()
-        return time.perf_counter()
+        return start
 
     def scales(self, batch: Sequence[TrainSequence]) -> torch.Tensor:
         """Each sequence's loss weight over the whole batch (`grpo.sequence_scales`)."""
@@ -199,7 +200,7 @@ class Engine:
 
     @property
     def policy_module(self) -> torch.nn.Module:
-        """The (possibly peft-wrapped) transformers model, outside any engine wrapper."""
+        """The (possibly peft-wrapped) transformers model, outside any wrapper (DeepSpeed's engine)."""
         return self.model
 
     def named_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -211,7 +212,7 @@ class Engine:
         yield from self._full_parameters(module)
 
     def _full_parameters(self, module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-        """`module`'s (name, whole tensor) in order; a sharding engine gathers each (every rank together)."""
+        """`module`'s (name, whole tensor) in order; a sharding trainer gathers each (every rank together)."""
         for name, param in module.named_parameters():
             yield name, param.detach()
 
@@ -220,7 +221,7 @@ class Engine:
         return {name: tensor.cpu().clone() for name, tensor in self.named_parameters()}
 
 
-class TorchEngine(Engine):
+class TorchTrainer(Trainer):
     """Plain torch: AdamW over the trainable parameters, gradient-norm clipping."""
 
     def __init__(self, model: torch.nn.Module, config: GRPOConfig, pad_id: int = 0) -> None:
