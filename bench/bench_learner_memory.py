@@ -15,10 +15,10 @@ import time
 import torch
 
 from bench.common import machine
-from coevolve.services.learner.batch import TrainSequence
+from coevolve.services.learner.trainer.batch import TrainSequence
 from coevolve.services.learner.config import GRPOConfig
-from coevolve.services.learner.engines import build_engine
-from coevolve.services.learner.shapes import random_llama
+from coevolve.services.learner.trainer.build import build_trainer
+from coevolve.services.learner.trainer.shapes import random_llama
 
 
 def peak_gib() -> float:
@@ -36,7 +36,7 @@ def main() -> None:
     logprobs = [-5.0 if m else 0.0 for m in mask]
     batch = [TrainSequence(ids, mask, logprobs, 1.0), TrainSequence(ids, mask, logprobs, -1.0)]
     config = GRPOConfig(lr=1e-6, micro_batch_size=1, gradient_checkpointing=args.gradient_checkpointing)
-    engine = build_engine(random_llama("smollm2-135m", seed=0), config)
+    engine = build_trainer(random_llama("smollm2-135m", seed=0), config)
     built = peak_gib()
     started = time.perf_counter()
     engine.update(batch)

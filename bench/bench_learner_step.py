@@ -29,8 +29,8 @@ from coevolve.services.agent.config import BackendConfig, EpisodeLimits
 from coevolve.services.kafka.embedded import EmbeddedBroker
 from coevolve.services.kafka.topics import create_topics
 from coevolve.services.learner.config import GRPOConfig, LearnerConfig, LearnerSettings
-from coevolve.services.learner.service import Learner
-from coevolve.services.learner.record import PHASES
+from coevolve.services.learner.loop.service import Learner
+from coevolve.services.learner.loop.record import PHASES
 
 
 def parity(episode) -> float:

@@ -14,7 +14,7 @@ Per engine: one warm-up update, in which the live tensors are counted (each stor
 the optimizer step (weights, gradients) and after it (AdamW's state, created by the first step); then
 `repeats` timed updates; then, with several ranks, one update under torch.profiler (CPU activities).
 
-- speed (runs torch-1, fsdp2-1, fsdp2-2): plain torch in one process (TorchEngine), FSDP2 on 1 rank and
+- speed (runs torch-1, fsdp2-1, fsdp2-2): plain torch in one process (TorchTrainer), FSDP2 on 1 rank and
   on 2 ranks. torchrun gives each of several ranks one thread, a single process keeps torch's default
   (one per core), so both world sizes use the machine's cores. Reported: the median update seconds on
   rank 0; each rank's `engine.rank_times` (training = forward and backward, reduce = the optimizer step
@@ -113,7 +113,7 @@ def reset_peak() -> None:
 
 def grpo_batch(vocab: int, tasks: int = 4, k: int = 4, prompt: int = 512, low: int = 64, high: int = 192):
     """`tasks` prompts of `prompt` tokens, `k` rollouts each of low..high generated tokens, advantages +-."""
-    from coevolve.services.learner.batch import TrainSequence
+    from coevolve.services.learner.trainer.batch import TrainSequence
     import torch
 
     gen = torch.Generator().manual_seed(0)
@@ -280,12 +280,13 @@ def collectives(prof) -> dict:
 
 
 class Probe:
-    """Wraps an engine's `update` (and its optimizer step) to time, profile and count memory per update."""
+    """Wraps a rank's `update` (`runner`: the engine, split between the ranks) and the engine's optimizer step
+    to time, profile and count memory per update."""
 
-    def __init__(self, engine, plan: list[str]):
-        self.engine, self.plan, self.records = engine, plan, []
-        self._update, self._step = engine.update, engine._optimizer_step
-        engine.update, engine._optimizer_step = self.update, self.step
+    def __init__(self, runner, engine, rank: int, plan: list[str]):
+        self.engine, self.rank, self.plan, self.records = engine, rank, plan, []
+        self._update, self._step = runner.update, engine.optimizer_step
+        runner.update, engine.optimizer_step = self.update, self.step
         self.kind = ""
         self.pre_step: dict | None = None
 
@@ -324,7 +325,7 @@ class Probe:
             record["held_pre_step"] = self.pre_step
             record["held_after"] = held_bytes(self.engine)
         self.records.append(record)
-        print(f"  rank {self.engine.rank}: {self.kind} update {seconds:.1f} s, peak RSS "
+        print(f"  rank {self.rank}: {self.kind} update {seconds:.1f} s, peak RSS "
               f"{record['peak'] / GiB:.2f} GiB", flush=True)
         return metrics
 
@@ -334,9 +335,11 @@ def rank_child(args) -> None:
     import torch.distributed as dist
 
     from coevolve.services.learner.config import GRPOConfig
-    from coevolve.services.learner.engines import build_engine, prepare_policy
-    from coevolve.services.learner.ranks import Driver, Ranks, follow, init_group
-    from coevolve.services.learner.shapes import SHAPES, random_llama
+    from coevolve.services.learner.trainer.build import build_trainer, prepare_policy
+    from coevolve.services.learner.ranks.driver import Driver, follow
+    from coevolve.services.learner.ranks.group import Ranks, init_group
+    from coevolve.services.learner.ranks.split import split
+    from coevolve.services.learner.trainer.shapes import SHAPES, random_llama
 
     ranks = Ranks.from_env()
     init_group(ranks)
@@ -353,23 +356,24 @@ def rank_child(args) -> None:
     deepspeed = args.deepspeed_config if args.rank_child.startswith("zero") else ""
     config = GRPOConfig(lr=1e-6, micro_batch_size=4, shared_prefix=True, kl_beta=0.0, deepspeed_config=deepspeed)
     if args.rank_child == "fsdp":
-        from coevolve.services.learner.fsdp_engine import FSDPEngine
+        from coevolve.services.learner.trainer.fsdp_trainer import FSDPTrainer
 
-        engine = FSDPEngine(prepare_policy(model, config), config)
+        engine = FSDPTrainer(prepare_policy(model, config), config)
     else:
-        engine = build_engine(model, config)
+        engine = build_trainer(model, config)
     del model
     gc.collect()
     mem.update(rss_engine=status("VmRSS"), peak_build=status("VmHWM"), build_seconds=time.perf_counter() - started)
     plan = ["warmup"] + ["timed"] * args.repeats + (["profile"] if ranks.many else [])
-    probe = Probe(engine, plan)
+    runner = split(engine)
+    probe = Probe(runner, engine, ranks.rank, plan)
     if ranks.driver:
-        driver = Driver(engine)
+        driver = Driver(runner)
         for _ in plan:
             driver.update(batch)
         driver.close()
     else:
-        follow(engine)
+        follow(runner)
         if dist.is_initialized():
             dist.destroy_process_group()
     out = {"rank": ranks.rank, "world": ranks.world_size, "engine": type(engine).__name__,

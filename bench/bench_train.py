@@ -26,10 +26,10 @@ from pathlib import Path
 import torch
 
 from bench.common import machine, report
-from coevolve.services.learner.batch import TrainSequence
+from coevolve.services.learner.trainer.batch import TrainSequence
 from coevolve.services.learner.config import GRPOConfig
-from coevolve.services.learner.engines import build_engine
-from coevolve.services.learner.shapes import SHAPES, random_llama
+from coevolve.services.learner.trainer.build import build_trainer
+from coevolve.services.learner.trainer.shapes import SHAPES, random_llama
 
 
 def make_batch(batch: int, length: int, vocab: int, prompt: int = 0) -> list[TrainSequence]:
@@ -93,7 +93,7 @@ def main() -> None:
                 "autocast": (("torch-float32", {}), ("torch-bf16-autocast", {"autocast": "bf16"})),
                 "packing": (("torch-unpacked", {"shared_prefix": False}), ("torch-packed", {})),
             }[args.compare]
-            engines = {name: build_engine(random_llama(shape, seed=0), GRPOConfig(
+            engines = {name: build_trainer(random_llama(shape, seed=0), GRPOConfig(
                 lr=1e-6, micro_batch_size=args.micro_batch, gradient_checkpointing=args.gradient_checkpointing,
                 **extra)) for name, extra in variants}
             for name, runs in interleaved(engines, batch, args.repeats).items():

@@ -86,9 +86,9 @@ def step_runner(model_dir: str, device: str, lag: int, quick: bool):
     from coevolve.services.agent.config import BackendConfig, EpisodeLimits, SamplingConfig
     from coevolve.services.envs.base import Task
     from coevolve.services.learner.config import GRPOConfig, LearnerConfig, SamplerConfig
-    from coevolve.services.learner.engines import build_engine
-    from coevolve.services.learner.sampler import TaskPool
-    from coevolve.services.learner.step import StepRunner
+    from coevolve.services.learner.trainer.build import build_trainer
+    from coevolve.services.learner.loop.sampler import TaskPool
+    from coevolve.services.learner.loop.step import StepRunner
     from tests.agent_helpers import OneTurn
 
     batch_tasks, group_size, new = (2, 4, 8) if quick else (4, 8, 64)
@@ -101,7 +101,7 @@ def step_runner(model_dir: str, device: str, lag: int, quick: bool):
     torch.manual_seed(0)
     policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
     grpo = GRPOConfig(lr=1e-3, temperature=1.0, micro_batch_size=32, autocast="auto", max_policy_lag=lag)
-    engine = build_engine(policy, grpo, backend.tokenizer.pad_token_id or 0)
+    engine = build_trainer(policy, grpo, backend.tokenizer.pad_token_id or 0)
     sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=new, seed=0)
     cfg = LearnerConfig(batch_tasks=batch_tasks, group_size=group_size, steps=10**6)
     letters = set(backend.tokenizer.convert_tokens_to_ids(list("abcdefghijklmnopqrstuvwxyz")))
@@ -111,12 +111,12 @@ def step_runner(model_dir: str, device: str, lag: int, quick: bool):
         return sum(t in letters for t in generated) / max(len(generated), 1)
 
     limits = EpisodeLimits(max_user_turns=1, max_context_tokens=512)
-    return StepRunner(cfg, grpo, TaskPool(tasks, SamplerConfig(), seed=0), backend, engine, sampling, limits,
+    return StepRunner(cfg, grpo, TaskPool(tasks, SamplerConfig(), rng_seed=0), backend, engine, sampling, limits,
                       f"gpu-check-lag{lag}", reward, env=OneTurn)
 
 
 def part_step(device: str, quick: bool, steps: int) -> None:
-    from coevolve.services.learner.shapes import random_llama
+    from coevolve.services.learner.trainer.shapes import random_llama
     from tests.agent_helpers import byte_tokenizer
 
     tokenizer = byte_tokenizer()
@@ -173,7 +173,7 @@ def part_train(device: str, quick: bool, repeats: int, micro_batch: int) -> None
 
     from bench.bench_train import make_batch
     from coevolve.services.learner.config import GRPOConfig
-    from coevolve.services.learner.engines import build_engine
+    from coevolve.services.learner.trainer.build import build_trainer
 
     shape = QUICK_QWEN if quick else QWEN25_05B
     batch_size, length = (2, 128) if quick else (8, 2048)
@@ -184,7 +184,7 @@ def part_train(device: str, quick: bool, repeats: int, micro_batch: int) -> None
     batch = make_batch(batch_size, length, shape["vocab_size"])
     tokens = sum(len(s.token_ids) for s in batch)
     while True:
-        engine = build_engine(model, GRPOConfig(lr=1e-6, micro_batch_size=micro_batch, autocast="bf16",
+        engine = build_trainer(model, GRPOConfig(lr=1e-6, micro_batch_size=micro_batch, autocast="bf16",
                                                 shared_prefix=False))
         try:
             engine.update(batch)

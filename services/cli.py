@@ -516,15 +516,16 @@ def learner(
     """Train the agent with GRPO on the seed tasks and the loop's validated tasks; publish every step.
 
     Every setting of LearnerSettings (services/learner/config.py) is also read from LEARNER_<FIELD>. With
-    learner.world_size above 1 it starts that many training ranks under torchrun (services/learner/launch.py)."""
-    from coevolve.services.learner.ranks import Ranks
-    from coevolve.services.learner.service import Learner, resolve_run
+    learner.world_size above 1 it starts that many training ranks under torchrun (services/learner/ranks/launch.py)."""
+    from coevolve.services.learner.ranks.group import Ranks
+    from coevolve.services.learner.loop.replay import resolve_run
+    from coevolve.services.learner.loop.service import Learner
 
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0  # torchrun restarted the group
     settings = _load(LearnerSettings, "learner", {**flags, "resume": True if resume or restarted else None})
     ranks = Ranks.from_env()
     if settings.ranks.world_size > 1 and not ranks.many and not policy_only:  # start the ranks (launch.py)
-        from coevolve.services.learner.launch import run_ranks
+        from coevolve.services.learner.ranks.launch import run_ranks
         from coevolve.services.run.children import coevolve_command
 
         try:
@@ -532,8 +533,8 @@ def learner(
         except ConfigError as exc:
             raise typer.BadParameter(str(exc)) from None
         raise typer.Exit(run_ranks(settings.ranks, sys.argv[1:], coevolve_command()))
-    if ranks.many and not ranks.driver:  # a training rank that follows rank 0 (worker.py)
-        from coevolve.services.learner.worker import serve_rank
+    if ranks.many and not ranks.driver:  # a training rank that follows rank 0 (ranks/worker.py)
+        from coevolve.services.learner.ranks.worker import serve_rank
 
         serve_rank(settings, ranks)
         return

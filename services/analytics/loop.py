@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from coevolve.services.analytics.lineage import lineage, task_origin
 from coevolve.services.analytics.view import View, query_rows
-from coevolve.services.learner.record import PHASES
+from coevolve.services.learner.loop.record import PHASES
 
 VALIDATION_STAGES = ("well_formed", "executable", "novel", "dual_pass")  # the validator's order
 

@@ -24,7 +24,7 @@ LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 
 @dataclass(frozen=True)
 class GRPOConfig:
-    """Optimizer, loss and engine settings of a GRPO training step."""
+    """Optimizer, loss and trainer settings of a GRPO training step."""
 
     lr: float = doc(1e-6, "AdamW learning rate (the paper's 1e-6).")
     weight_decay: float = doc(0.0, "AdamW weight decay.")
@@ -116,7 +116,7 @@ def zero_stage(settings: dict) -> int:
 
 @dataclass(frozen=True)
 class RanksConfig:
-    """Training ranks (services/learner/ranks.py): above one, `coevolve learner` starts them with torchrun."""
+    """Training ranks (services/learner/ranks/): above one, `coevolve learner` starts them with torchrun."""
 
     world_size: int = doc(1, "Training ranks in all. Above 1 the step's batch is split across them and the policy "
                           "is sharded: FSDP2, or DeepSpeed when deepspeed_config names a file (ZeRO-3 allowed).")
@@ -146,7 +146,7 @@ class RanksConfig:
 
 @dataclass(frozen=True)
 class WarmupConfig:
-    """Supervised warm-up on the seed tasks' reference calls before GRPO (services/learner/warmup.py)."""
+    """Supervised warm-up on the seed tasks' reference calls before GRPO (services/learner/loop/warmup.py)."""
 
     warmup_steps: int = doc(0, "Optimizer steps of cross-entropy on reference episodes before the first GRPO "
                             "step, teaching a small model the call format; 0 skips the warm-up.")

@@ -8,7 +8,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from coevolve.services.learner.record import PHASES
+from coevolve.services.learner.loop.record import PHASES
 from coevolve.services.run.tally import Tally
 from coevolve.streams.rules import Thresholds
 

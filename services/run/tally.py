@@ -9,7 +9,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from coevolve.services.learner.record import PHASES, StepRecord
+from coevolve.services.learner.loop.record import PHASES, StepRecord
 from coevolve.services.run.mechanism import Mechanism
 
 STEP_FIELDS = tuple(f.name for f in fields(StepRecord) if f.name not in ("event_id", "run_id", "step", "produced_at"))

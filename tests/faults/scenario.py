@@ -19,7 +19,7 @@ from coevolve.services.kafka.consumer import EventConsumer
 from coevolve.services.kafka.producer import EventProducer
 from coevolve.services.kafka.topics import (CATALOG, EXPLORATIONS, SIGNALS, STEPS, TASKS, TRAJECTORIES,
                                              create_topics)
-from coevolve.services.learner.checkpoint import latest_checkpoint
+from coevolve.services.learner.loop.checkpoint import latest_checkpoint
 from coevolve.services.validator.verdict import verdict_id
 
 FAULTS = ("validator", "explorer", "streams", "learner")

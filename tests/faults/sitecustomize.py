@@ -81,7 +81,7 @@ def learner(module) -> None:
 
 
 PATCHES = {"coevolve.services.validator.service": validator, "coevolve.services.explorer.service": explorer,
-           "coevolve.streams.worker.faust_compat": streams, "coevolve.services.learner.service": learner}
+           "coevolve.streams.worker.faust_compat": streams, "coevolve.services.learner.loop.service": learner}
 
 
 class PatchOnImport(importlib.abc.MetaPathFinder):

@@ -7,10 +7,10 @@ import json
 import sys
 import tempfile
 
-from coevolve.services.learner import checkpoint as ckpt
+from coevolve.services.learner.loop import checkpoint as ckpt
 from coevolve.services.learner.config import GRPOConfig
-from coevolve.services.learner.engines import build_engine
-from coevolve.services.learner.shapes import random_llama
+from coevolve.services.learner.trainer.build import build_trainer
+from coevolve.services.learner.trainer.shapes import random_llama
 from tests.unit.test_learner_engine import SMALL, make_batch, max_diff, weights
 
 
@@ -20,8 +20,8 @@ def resumed_weight_diff(ds, config: GRPOConfig, steps: int) -> float:
     weights and the optimizer's moments came back."""
     with tempfile.TemporaryDirectory() as workdir:
         ckpt.save_checkpoint(workdir, ds, step=steps, run_id="run-ds", policy_version=steps, sampler={}, config={})
-        resumed = build_engine(random_llama("tiny", seed=0, **SMALL), config)
-        ckpt.restore_engine(resumed, ckpt.latest_checkpoint(workdir))
+        resumed = build_trainer(random_llama("tiny", seed=0, **SMALL), config)
+        ckpt.restore_trainer(resumed, ckpt.latest_checkpoint(workdir))
     assert resumed.updates == ds.updates
     for engine in (ds, resumed):
         engine.update(make_batch(seed=steps))
@@ -30,8 +30,8 @@ def resumed_weight_diff(ds, config: GRPOConfig, steps: int) -> float:
 
 def main(ds_file: str, steps: int, micro_batch: int, kl_beta: float) -> None:
     common = dict(lr=1e-3, micro_batch_size=micro_batch, kl_beta=kl_beta, max_grad_norm=1.0)
-    plain = build_engine(random_llama("tiny", seed=0, **SMALL), GRPOConfig(**common))
-    ds = build_engine(random_llama("tiny", seed=0, **SMALL), GRPOConfig(**common, deepspeed_config=ds_file))
+    plain = build_trainer(random_llama("tiny", seed=0, **SMALL), GRPOConfig(**common))
+    ds = build_trainer(random_llama("tiny", seed=0, **SMALL), GRPOConfig(**common, deepspeed_config=ds_file))
     runs = [(plain.update(make_batch(seed=s)), ds.update(make_batch(seed=s))) for s in range(steps)]
     trained = max_diff(weights(plain), weights(ds))
     print(json.dumps({

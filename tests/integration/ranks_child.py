@@ -3,8 +3,8 @@
     python -m torch.distributed.run --nproc-per-node N -m tests.integration.ranks_child ENGINE OUT [options]
 
 ENGINE is torch (one process, no group), fsdp or a DeepSpeed JSON file. Every rank builds the same
-random model (with --model-dir, the learner's way instead: `engines.load_engine`, where no rank may
-hold the whole model), takes the same batch, trains its share (Engine.update), then all gather the weights; rank
+random model (with --model-dir, the learner's way instead: `build.load_trainer`, where no rank may
+hold the whole model), takes the same batch, trains its share (Trainer.update), then all gather the weights; rank
 0 drives the others as the learner does (ranks.Driver / ranks.follow) and writes the metrics, the
 per-rank timings and the trained weights to OUT (a torch file); with --checkpoint DIR, the checkpoint
 into DIR, read back into a fresh engine.
@@ -15,12 +15,13 @@ import os
 import torch
 import torch.distributed as dist
 
-from coevolve.services.learner.batch import TrainSequence
+from coevolve.services.learner.trainer.batch import TrainSequence
 from coevolve.services.learner.config import GRPOConfig
-from coevolve.services.learner.engines import build_engine, load_engine, prepare_policy
-from coevolve.services.learner import checkpoint as ckpt
-from coevolve.services.learner.ranks import Driver, Ranks, follow, init_group, release
-from coevolve.services.learner.shapes import random_llama
+from coevolve.services.learner.trainer.build import build_trainer, load_trainer, prepare_policy
+from coevolve.services.learner.loop import checkpoint as ckpt
+from coevolve.services.learner.ranks.driver import Driver, follow
+from coevolve.services.learner.ranks.group import Ranks, init_group, release
+from coevolve.services.learner.trainer.shapes import random_llama
 
 SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, vocab_size=256)
 
@@ -44,7 +45,7 @@ def small_llama():
 
 
 def loaded_engine(kind: str, model_dir: str, config: dict, ranks: Ranks):
-    """`load_engine` as a learner's rank calls it. Under FSDP2 a rank other than 0 that reads the weights
+    """`load_trainer` as a learner's rank calls it. Under FSDP2 a rank other than 0 that reads the weights
     fails; under ZeRO-3 a rank that loads any whole tensor fails."""
     from transformers import AutoModelForCausalLM
 
@@ -64,20 +65,20 @@ def loaded_engine(kind: str, model_dir: str, config: dict, ranks: Ranks):
         config = {**config, "deepspeed_config": kind}
     elif not ranks.driver:
         AutoModelForCausalLM.from_pretrained = refused
-    return load_engine(model_dir, GRPOConfig(**config), pad_id=0, seed=0, device=ranks.device())
+    return load_trainer(model_dir, GRPOConfig(**config), pad_id=0, seed=0, device=ranks.device())
 
 
 def engine_for(kind: str, config: dict):
     model = small_llama()
     torch.manual_seed(0)  # LoRA's A matrices: the same on every rank and in every run (the learner seeds too)
     if kind == "torch":
-        return build_engine(model, GRPOConfig(**config))
+        return build_trainer(model, GRPOConfig(**config))
     if kind == "fsdp":  # FSDP2 at any world size, one rank included
-        from coevolve.services.learner.fsdp_engine import FSDPEngine
+        from coevolve.services.learner.trainer.fsdp_trainer import FSDPTrainer
 
         grpo = GRPOConfig(**config)
-        return FSDPEngine(prepare_policy(model, grpo), grpo)
-    return build_engine(model, GRPOConfig(**config, deepspeed_config=kind))
+        return FSDPTrainer(prepare_policy(model, grpo), grpo)
+    return build_trainer(model, GRPOConfig(**config, deepspeed_config=kind))
 
 
 def main() -> None:
@@ -89,7 +90,7 @@ def main() -> None:
     parser.add_argument("--checkpointing", action="store_true", help="gradient checkpointing")
     parser.add_argument("--micro-batch", type=int, default=2)
     parser.add_argument("--checkpoint", default="")
-    parser.add_argument("--model-dir", default="", help="build the engine with engines.load_engine")
+    parser.add_argument("--model-dir", default="", help="build the engine with build.load_trainer")
     parser.add_argument("--kl", type=float, default=0.0, help="kl_beta (a reference policy)")
     args = parser.parse_args()
     ranks = Ranks.from_env()

@@ -18,7 +18,7 @@ from coevolve.services.fleet import transfer
 from coevolve.services.fleet.backend import FleetBackend, FleetError, WeightTransferError
 from coevolve.services.fleet.config import FleetConfig
 from coevolve.services.fleet.servers import LocalServers
-from coevolve.services.learner.grpo import token_logprobs
+from coevolve.services.learner.trainer.grpo import token_logprobs
 from tests.agent_engines import TINY_RANDOM, backend_config, model_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

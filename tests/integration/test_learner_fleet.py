@@ -13,7 +13,7 @@ from coevolve.services.fleet.config import FleetConfig
 from coevolve.services.fleet.servers import LocalServers
 from coevolve.services.kafka.consumer import EventConsumer
 from coevolve.services.kafka.topics import POLICY, STEPS, TRAJECTORIES
-from coevolve.services.learner.checkpoint import latest_checkpoint
+from coevolve.services.learner.loop.checkpoint import latest_checkpoint
 from coevolve.services.runtime.ports import free_port
 from tests.agent_engines import TINY_RANDOM, backend_config, model_dir
 

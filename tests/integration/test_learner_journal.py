@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from coevolve.services.kafka.topics import EVALUATIONS, STEPS, TRAJECTORIES
-from coevolve.services.learner import journal
-from coevolve.services.learner.checkpoint import latest_checkpoint
+from coevolve.services.learner.loop import journal
+from coevolve.services.learner.loop.checkpoint import latest_checkpoint
 from tests.integration.test_learner_service import learner, odd_length, read
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -41,7 +41,7 @@ def child(bootstrap: str, workdir: str, run_id: str, steps: str, eval_every: str
                       eval_every=int(eval_every), eval_tasks=1)
     service.run()
     if weights:
-        torch.save(service.engine.state_dict(), weights)
+        torch.save(service.trainer.state_dict(), weights)
 
 
 def spawn(*args: str) -> subprocess.Popen:
@@ -72,7 +72,7 @@ def test_a_step_published_before_a_crash_is_replayed_not_rerun(bootstrap, tmp_pa
 
     def reward(episode) -> float:  # the first rollout of step 4: the weights are those of the replay
         if not replayed:
-            replayed.update(service.engine.state_dict())
+            replayed.update(service.trainer.state_dict())
         return odd_length(episode)
 
     service = learner(bootstrap, crashed, steps=4, reward=reward, resume=True, checkpoint_every=2)

@@ -14,11 +14,11 @@ vocabulary of 32 the start is near 1/32 (0.03 here), and the test asks for a ris
 import pytest
 import torch
 
-from coevolve.services.learner.batch import TrainSequence
+from coevolve.services.learner.trainer.batch import TrainSequence
 from coevolve.services.learner.config import GRPOConfig
-from coevolve.services.learner.engines import build_engine
-from coevolve.services.learner.grpo import group_advantages
-from coevolve.services.learner.shapes import random_llama
+from coevolve.services.learner.trainer.build import build_trainer
+from coevolve.services.learner.trainer.grpo import group_advantages
+from coevolve.services.learner.trainer.shapes import random_llama
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -59,7 +59,7 @@ def grpo_batch(model, gen) -> tuple[list[TrainSequence], int]:
 def test_grpo_raises_the_mean_reward_well_beyond_chance():
     model = random_llama("tiny", seed=0, vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
                          num_hidden_layers=2)
-    engine = build_engine(model, GRPOConfig(lr=3e-3, micro_batch_size=16, kl_beta=0.01))
+    engine = build_trainer(model, GRPOConfig(lr=3e-3, micro_batch_size=16, kl_beta=0.01))
     gen = torch.Generator().manual_seed(0)
     before = mean_reward(engine.model, gen)
     for _ in range(15):

@@ -64,7 +64,7 @@ def test_two_ranks_train_what_one_rank_trains(tmp_path, kind, options, zero3, pl
     engine = zero3 if kind == "zero3" else "fsdp"
     reference = plain_torch(*options)
     one, two = train(tmp_path, engine, 1, *options), train(tmp_path, engine, 2, *options)
-    assert one["engine"] == two["engine"] == ("DeepSpeedEngine" if kind == "zero3" else "FSDPEngine")
+    assert one["engine"] == two["engine"] == ("DeepSpeedTrainer" if kind == "zero3" else "FSDPTrainer")
     assert two["world"] == 2 and len(two["times"]) == 2 and len(one["times"]) == 1
     for run in (one, two):
         # the token-mean over both ranks' tokens, not a mean of per-rank means
@@ -90,14 +90,14 @@ def test_a_sharded_checkpoint_reads_back_into_a_fresh_group(tmp_path, kind, zero
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("kind", ["fsdp", "zero3"])
 def test_no_rank_loads_the_whole_model_and_the_sharded_reference_agrees(tmp_path, kind, zero3, plain_torch):
-    """The learner's own loading (`engines.load_engine`). FSDP2: every rank builds the model on the meta
+    """The learner's own loading (`build.load_trainer`). FSDP2: every rank builds the model on the meta
     device and takes its shards from rank 0, the only one that reads the weights (rank 1 fails if it
     tries). ZeRO-3: each rank loads its partitions only (a rank fails if it loads a whole tensor). The
     KL reference is sharded the same way, and the update is plain torch's."""
     reference = plain_torch("--kl", "0.1")
     two = train(tmp_path, zero3 if kind == "zero3" else "fsdp", 2, "--kl", "0.1",
                 "--model-dir", str(tmp_path / "model"))
-    assert two["engine"] == ("DeepSpeedEngine" if kind == "zero3" else "FSDPEngine") and two["world"] == 2
+    assert two["engine"] == ("DeepSpeedTrainer" if kind == "zero3" else "FSDPTrainer") and two["world"] == 2
     assert max_diff(two["start"], reference["start"]) == 0.0
     for key in ("loss", "kl", "grad_norm"):
         assert two["metrics"][key] == pytest.approx(reference["metrics"][key], rel=1e-5, abs=1e-9)

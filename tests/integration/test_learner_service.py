@@ -21,9 +21,9 @@ from coevolve.services.envs.config import SeedPoolConfig
 from coevolve.services.kafka.consumer import EventConsumer
 from coevolve.services.kafka.producer import EventProducer
 from coevolve.services.kafka.topics import EVALUATIONS, POLICY, STEPS, TASKS, TRAJECTORIES
-from coevolve.services.learner.checkpoint import latest_checkpoint
+from coevolve.services.learner.loop.checkpoint import latest_checkpoint
 from coevolve.services.learner.config import GRPOConfig, LearnerConfig, LearnerSettings
-from coevolve.services.learner.service import Learner
+from coevolve.services.learner.loop.service import Learner
 from coevolve.services.runtime.config import ConfigError
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

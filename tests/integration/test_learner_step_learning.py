@@ -26,10 +26,10 @@ from coevolve.services.agent.config import BackendConfig, EpisodeLimits, Samplin
 from coevolve.services.agent.episodes import run_episodes
 from coevolve.services.envs.base import Task
 from coevolve.services.learner.config import GRPOConfig, LearnerConfig, SamplerConfig
-from coevolve.services.learner.engines import build_engine
-from coevolve.services.learner.sampler import TaskPool
-from coevolve.services.learner.shapes import random_llama
-from coevolve.services.learner.step import StepRunner
+from coevolve.services.learner.trainer.build import build_trainer
+from coevolve.services.learner.loop.sampler import TaskPool
+from coevolve.services.learner.trainer.shapes import random_llama
+from coevolve.services.learner.loop.step import StepRunner
 from tests.agent_helpers import OneTurn, byte_tokenizer
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -64,10 +64,10 @@ def setup(model_dir: str, temperature: float, lr: float = 1e-2, lag: int = 0):
 
     policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     grpo = GRPOConfig(lr=lr, temperature=temperature, micro_batch_size=32, max_policy_lag=lag)
-    engine = build_engine(policy, grpo, backend.tokenizer.pad_token_id or 0)
+    engine = build_trainer(policy, grpo, backend.tokenizer.pad_token_id or 0)
     sampling = SamplingConfig(temperature=temperature, top_p=1.0, max_new_tokens=NEW, seed=0)
     cfg = LearnerConfig(batch_tasks=4, group_size=8)
-    runner = StepRunner(cfg, grpo, TaskPool(TASKS, SamplerConfig(), seed=0), backend, engine, sampling, LIMITS,
+    runner = StepRunner(cfg, grpo, TaskPool(TASKS, SamplerConfig(), rng_seed=0), backend, engine, sampling, LIMITS,
                         "run-learn", letters, env=OneTurn)
     return runner
 
@@ -82,9 +82,9 @@ def test_rollout_log_probs_match_the_policy_before_the_first_update(model_dir):
     runner = setup(model_dir, temperature=0.7)
     batch = runner.sequences(runner.gather(1).kept)
     assert sum(s.loss_tokens for s in batch) > 4 * 8  # at least one token per rollout, most have 8
-    mismatched = build_engine(runner.engine.model, GRPOConfig(lr=1e-9, temperature=1.0))
+    mismatched = build_trainer(runner.trainer.model, GRPOConfig(lr=1e-9, temperature=1.0))
     assert mismatched.update(batch)["abs_log_ratio"] > 0.05
-    metrics = runner.engine.update(batch)
+    metrics = runner.trainer.update(batch)
     assert metrics["abs_log_ratio"] < 1e-3 and metrics["clip_fraction"] == 0.0
 
 
@@ -139,10 +139,10 @@ def test_steps_on_the_rollout_fleet_with_lag_1_raise_the_toy_reward(fleet_model_
         backend = FleetBackend(servers.urls, fleet_model_dir, config, fleet, model_name="byte-llama")
         policy = AutoModelForCausalLM.from_pretrained(fleet_model_dir, dtype=torch.float32)
         grpo = GRPOConfig(lr=1e-2, temperature=1.0, micro_batch_size=32, max_policy_lag=1)
-        engine = build_engine(policy, grpo, backend.tokenizer.pad_token_id or 0)
+        engine = build_trainer(policy, grpo, backend.tokenizer.pad_token_id or 0)
         sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=NEW, seed=0)
         runner = StepRunner(LearnerConfig(batch_tasks=4, group_size=8, steps=10), grpo,
-                            TaskPool(TASKS, SamplerConfig(), seed=0), backend, engine, sampling, LIMITS,
+                            TaskPool(TASKS, SamplerConfig(), rng_seed=0), backend, engine, sampling, LIMITS,
                             "run-fleet-learn", letters, env=OneTurn)
         try:
             before = measure(runner)

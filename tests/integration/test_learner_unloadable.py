@@ -9,7 +9,7 @@ from coevolve.services.envs.config import SeedPoolConfig
 from coevolve.services.kafka.producer import EventProducer
 from coevolve.services.kafka.topics import DEADLETTER, STEPS, TASKS
 from coevolve.services.learner.config import GRPOConfig, LearnerConfig, LearnerSettings, SamplerConfig
-from coevolve.services.learner.service import Learner
+from coevolve.services.learner.loop.service import Learner
 from tests.integration.test_learner_service import BACKEND, LIMITS, odd_length, read, task_checked
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

@@ -16,9 +16,9 @@ pytest.importorskip("vllm")
 from coevolve.services.agent.config import EpisodeLimits, SamplingConfig  # noqa: E402
 from coevolve.services.envs.base import Task  # noqa: E402
 from coevolve.services.learner.config import GRPOConfig, LearnerConfig, SamplerConfig  # noqa: E402
-from coevolve.services.learner.engines import build_engine  # noqa: E402
-from coevolve.services.learner.sampler import TaskPool  # noqa: E402
-from coevolve.services.learner.step import StepRunner  # noqa: E402
+from coevolve.services.learner.trainer.build import build_trainer  # noqa: E402
+from coevolve.services.learner.loop.sampler import TaskPool  # noqa: E402
+from coevolve.services.learner.loop.step import StepRunner  # noqa: E402
 from tests.agent_engines import TINY_RANDOM, backend_config, model_dir  # noqa: E402
 from tests.agent_helpers import OneTurn  # noqa: E402
 
@@ -42,7 +42,7 @@ def test_vllm_rollouts_match_the_policy_before_and_after_a_pushed_update():
     atexit.register(backend.close)
     policy = AutoModelForCausalLM.from_pretrained(model_dir(TINY_RANDOM), dtype=torch.float32)
     grpo = GRPOConfig(lr=1e-2, temperature=0.7, micro_batch_size=16)
-    engine = build_engine(policy, grpo, backend.tokenizer.pad_token_id or 0)
+    engine = build_trainer(policy, grpo, backend.tokenizer.pad_token_id or 0)
     sampling = SamplingConfig(temperature=0.7, top_p=1.0, max_new_tokens=8)
     runner = StepRunner(LearnerConfig(batch_tasks=4, group_size=4), grpo, TaskPool(TASKS, SamplerConfig()), backend,
                         engine, sampling, EpisodeLimits(max_user_turns=1, max_context_tokens=512), "run-v",
@@ -54,8 +54,8 @@ def test_vllm_rollouts_match_the_policy_before_and_after_a_pushed_update():
     kept = runner.gather(2).kept
     assert all(e.policy_version == 1 for g in kept for e in g.episodes)
     after = runner.sequences(kept)
-    probe = build_engine(engine.model, GRPOConfig(lr=1e-9, temperature=0.7, micro_batch_size=16))
+    probe = build_trainer(engine.model, GRPOConfig(lr=1e-9, temperature=0.7, micro_batch_size=16))
     assert probe.update(after)["abs_log_ratio"] < 0.01
-    stale = build_engine(AutoModelForCausalLM.from_pretrained(model_dir(TINY_RANDOM), dtype=torch.float32),
+    stale = build_trainer(AutoModelForCausalLM.from_pretrained(model_dir(TINY_RANDOM), dtype=torch.float32),
                          GRPOConfig(lr=1e-9, temperature=0.7, micro_batch_size=16))
     assert stale.update(after)["abs_log_ratio"] > 3 * probe.update(after)["abs_log_ratio"]

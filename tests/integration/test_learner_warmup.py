@@ -11,7 +11,7 @@ from coevolve.services.agent.models import resolve_model
 from coevolve.services.agent.templates import ChatTemplate
 from coevolve.services.envs.bfcl_data import load_tasks
 from coevolve.services.learner.config import GRPOConfig, WarmupConfig
-from coevolve.services.learner.warmup import TURN_END, _batches, reference_examples, warm_model
+from coevolve.services.learner.loop.warmup import TURN_END, _batches, reference_examples, warm_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 LIMITS = EpisodeLimits(max_user_turns=2, max_context_tokens=8192)

@@ -20,7 +20,7 @@ import pytest
 
 from coevolve.services.kafka.consumer import EventConsumer
 from coevolve.services.kafka.topics import STEPS, TRAJECTORIES
-from coevolve.services.learner.checkpoint import latest_checkpoint
+from coevolve.services.learner.loop.checkpoint import latest_checkpoint
 from coevolve.services.runtime.ports import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

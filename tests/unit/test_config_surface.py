@@ -18,8 +18,8 @@ from coevolve.services.simulate import SimulationConfig
 PACKAGE = Path(__file__).resolve().parents[2]
 # The module each service's process starts from (its command imports it); the learner's command starts the
 # ranks (launch), rank 0's service or another rank's worker.
-ENTRY = {"learner": ("coevolve.services.learner.service", "coevolve.services.learner.launch",
-                     "coevolve.services.learner.worker"), "explorer": "coevolve.services.explorer.service",
+ENTRY = {"learner": ("coevolve.services.learner.loop.service", "coevolve.services.learner.ranks.launch",
+                     "coevolve.services.learner.ranks.worker"), "explorer": "coevolve.services.explorer.service",
          "validator": "coevolve.services.validator.service", "archiver": "coevolve.services.archive.archiver",
          "streams": "coevolve.streams.worker.command", "simulate": "coevolve.services.simulate",
          "eval": "coevolve.services.agent.evaluate"}

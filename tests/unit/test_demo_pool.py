@@ -2,8 +2,8 @@
 step, and that step draws it (fresh_first); later steps keep drawing synthesized tasks for half the batch
 (synthetic_share), so a task whose first group scored alike gets more chances within the demo's six steps."""
 from coevolve.services.learner.config import LearnerSettings
-from coevolve.services.learner.sampler import load_problem
-from coevolve.services.learner.service import Learner
+from coevolve.services.learner.loop.sampler import load_problem
+from coevolve.services.learner.loop.service import Learner
 from coevolve.services.run.plan import make_plan
 from coevolve.services.runtime.config import assemble
 
@@ -28,7 +28,7 @@ def test_the_demo_pool_takes_a_validated_task_between_steps_and_the_next_step_dr
     pool.refresh(1)
     first = pool.draw(b)
     assert all(d.source == "seed" for d in first)
-    seed = next(iter(pool.seed.values()))
+    seed = next(iter(pool.seed_tasks.values()))
     pool.offer(validated(seed, "synthesized_demo"))  # arrives while step 1 runs
     assert pool.size == 16
     pool.refresh(2)
@@ -46,5 +46,5 @@ def test_the_demo_explorer_falls_back_on_the_learners_own_seed_tasks():
     plan = make_plan("demo")
     explorer = assemble(ExplorerSettings, "explorer", environ=plan.env("explorer"))
     mine = [t.task_id for t in explorer.seeds.tasks()]
-    assert set(mine) == set(demo_learner()._pool().seed) and len(set(mine)) == 16
+    assert set(mine) == set(demo_learner()._pool().seed_tasks) and len(set(mine)) == 16
     assert {t.split("_")[-2] for t in mine} == {"base", "param"}  # both categories, interleaved

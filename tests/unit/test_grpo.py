@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from coevolve.services.learner import grpo
+from coevolve.services.learner.trainer import grpo
 
 LN = math.log
 

@@ -166,3 +166,43 @@ def test_the_length_check_counts_closures_and_skips_sql(tmp_path):
                                    f"def query():\n    return '''SELECT\n{sql}\n        1'''\n")
     found = sorted(f.split(" ", 1)[1] for f in _long_functions(tmp_path / "a.py", 80))
     assert found == ["inner: 81 lines", "outer: 83 lines"]
+
+
+LEARNER = "coevolve.services.learner"
+TRAINER, RANKS, LOOP = f"{LEARNER}.trainer", f"{LEARNER}.ranks", f"{LEARNER}.loop"
+ENGINE_ENTRY = f"{RANKS}.start"  # the one place every rank's engine is built
+TRAINER_ENTRY = f"{TRAINER}.build"  # the trainer room's one door for the ranks
+
+
+def _in(module: str, room: str) -> bool:
+    return module == room or module.startswith(room + ".")
+
+
+def test_the_learner_is_three_rooms_and_their_shared_config():
+    rooms = {m.split(".")[3] for m in MODULES if _in(m, LEARNER) and m != LEARNER}
+    assert rooms == {"trainer", "ranks", "loop", "config"}
+    assert {ENGINE_ENTRY, TRAINER_ENTRY, f"{LOOP}.service"} <= set(MODULES)
+
+
+def test_the_trainer_knows_nothing_of_the_ranks_or_the_loop():
+    found = [f"{m} imports {t}" for m in MODULES if _in(m, TRAINER) for t in GRAPH[m]
+             if _in(t, RANKS) or _in(t, LOOP)]
+    assert found == []
+
+
+def test_the_service_builds_its_engine_through_the_one_entry_point():
+    service = f"{LOOP}.service"
+    assert [t for t in GRAPH[service] if _in(t, TRAINER)] == []
+    assert ENGINE_ENTRY in GRAPH[service]
+
+
+def test_the_ranks_reach_the_trainer_only_through_the_entry_point():
+    found = [f"{m} imports {t}" for m in MODULES if _in(m, RANKS) for t in GRAPH[m]
+             if _in(t, TRAINER) and (m, t) != (ENGINE_ENTRY, TRAINER_ENTRY)]
+    assert found == []
+
+
+def test_no_learner_file_exceeds_300_lines():
+    long = [f"{path.relative_to(ROOT)}: {n} lines" for path in sorted((ROOT / "services" / "learner").rglob("*.py"))
+            if (n := len(path.read_text().splitlines())) > 300]
+    assert long == []

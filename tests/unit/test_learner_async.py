@@ -7,8 +7,8 @@ import pytest
 from coevolve.services.agent.config import EpisodeLimits, SamplingConfig
 from coevolve.services.envs.bfcl_data import load_tasks
 from coevolve.services.learner.config import GRPOConfig, LearnerConfig, SamplerConfig
-from coevolve.services.learner.sampler import TaskPool
-from coevolve.services.learner.step import StepRunner
+from coevolve.services.learner.loop.sampler import TaskPool
+from coevolve.services.learner.loop.step import StepRunner
 from tests.agent_helpers import ScriptedBackend, byte_tokenizer
 
 LIMITS = EpisodeLimits(max_user_turns=1, max_context_tokens=100_000)
@@ -60,7 +60,7 @@ class CountingBackend(ScriptedBackend):
 def runner(tokenizer, lag: int, behind=frozenset(), **cfg):
     answers = itertools.cycle(["yes", "no", "no"])
     backend = CountingBackend(tokenizer, lambda request: next(answers), wanted=12, behind=behind)
-    pool = TaskPool(load_tasks(split="train")[:3], SamplerConfig(), seed=1)
+    pool = TaskPool(load_tasks(split="train")[:3], SamplerConfig(), rng_seed=1)
     engine = WaitingEngine(backend, wanted=12)
     learner = LearnerConfig(**{"batch_tasks": 2, "group_size": 3, **cfg})
     steps = StepRunner(learner, GRPOConfig(max_policy_lag=lag), pool, backend, engine, SAMPLING, LIMITS, "run-a",
@@ -104,7 +104,7 @@ def test_the_journaled_pool_state_redraws_what_the_look_ahead_drew(tokenizer):
         first, second = steps.run(1), steps.run(2)
     finally:
         steps.close()
-    resumed = TaskPool(load_tasks(split="train")[:3], SamplerConfig(), seed=99)
+    resumed = TaskPool(load_tasks(split="train")[:3], SamplerConfig(), rng_seed=99)
     resumed.restore(first.pool_state)  # a stop after step 1 abandons the rollouts of step 2
     resumed.refresh(2)
     redrawn = [d.task.task_id for d in resumed.draw(2)]

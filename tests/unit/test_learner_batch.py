@@ -4,7 +4,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from coevolve.services.learner.batch import TrainSequence, collate, micro_batches
+from coevolve.services.learner.trainer.batch import TrainSequence, collate, micro_batches
 
 
 def test_an_episode_becomes_a_training_sequence():

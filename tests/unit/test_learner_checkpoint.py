@@ -5,18 +5,19 @@ import pytest
 import torch
 
 from coevolve.services.agent.config import BackendConfig
-from coevolve.services.learner import checkpoint as ckpt
-from coevolve.services.learner.batch import TrainSequence
+from coevolve.services.learner.loop import checkpoint as ckpt
+from coevolve.services.learner.trainer.batch import TrainSequence
 from coevolve.services.learner.config import GRPOConfig, LearnerConfig, LearnerSettings
-from coevolve.services.learner.engines import build_engine
-from coevolve.services.learner.service import Learner, resolve_run
-from coevolve.services.learner.shapes import random_llama
+from coevolve.services.learner.trainer.build import build_trainer
+from coevolve.services.learner.loop.replay import resolve_run
+from coevolve.services.learner.loop.service import Learner
+from coevolve.services.learner.trainer.shapes import random_llama
 from coevolve.services.runtime.config import ConfigError
 
 
 def engine(**fields):
     model = random_llama("tiny", seed=0, vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1)
-    return build_engine(model, GRPOConfig(lr=1e-2, **fields))
+    return build_trainer(model, GRPOConfig(lr=1e-2, **fields))
 
 
 def train(e):
@@ -35,7 +36,7 @@ def test_a_checkpoint_restores_weights_optimizer_and_state(tmp_path, fields):
     found = ckpt.latest_checkpoint(tmp_path)
     assert (found.step, found.run_id, found.policy_version, found.config) == (3, "run-x", 3, {"k": 1})
     b = engine(**fields)
-    ckpt.restore_engine(b, found)
+    ckpt.restore_trainer(b, found)
     for (name, x), (_, y) in zip(a.named_parameters(), b.named_parameters()):
         assert torch.equal(x, y), name
     assert b.updates == 1

@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-from coevolve.services.learner.batch import TrainSequence
+from coevolve.services.learner.trainer.batch import TrainSequence
 from coevolve.services.learner.config import GRPOConfig
-from coevolve.services.learner.engines import build_engine
-from coevolve.services.learner.shapes import random_llama
+from coevolve.services.learner.trainer.build import build_trainer
+from coevolve.services.learner.trainer.shapes import random_llama
 
 SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, vocab_size=256)
 
@@ -23,7 +23,7 @@ def make_batch(n=6, seed=1, vocab=256):
 
 
 def engine(seed=0, **fields):
-    return build_engine(random_llama("tiny", seed=seed, **SMALL), GRPOConfig(**{"lr": 1e-3, **fields}))
+    return build_trainer(random_llama("tiny", seed=seed, **SMALL), GRPOConfig(**{"lr": 1e-3, **fields}))
 
 
 def weights(eng):
@@ -90,7 +90,7 @@ def test_no_reference_is_built_without_kl():
 
 def test_lora_trains_adapters_only_and_exports_merged_base_names():
     base_names = set(random_llama("tiny", **SMALL).state_dict())
-    eng = build_engine(random_llama("tiny", seed=0, **SMALL),
+    eng = build_trainer(random_llama("tiny", seed=0, **SMALL),
                        GRPOConfig(lr=1e-2, lora_rank=4, lora_targets="q_proj,v_proj", kl_beta=0.1))
     assert eng.reference is None
     before = weights(eng)
@@ -158,12 +158,12 @@ def gradients(eng, batch):
         grads.update({n: p.grad.clone() for n, p in eng.policy_module.named_parameters() if p.grad is not None})
         eng.optimizer.zero_grad(set_to_none=True)
         return 0.0
-    eng._optimizer_step = capture
+    eng.optimizer_step = capture
     return grads, eng.update(batch)
 
 
 def test_rollouts_with_one_prompt_share_a_pack_of_at_most_the_micro_batch_size():
-    from coevolve.services.learner.packing import plan
+    from coevolve.services.learner.trainer.packing import plan
 
     # the rollout that generated nothing (7) is its prompt alone: it packs with its task's group
     assert plan(grouped_batch(), 4) == [[0, 1, 2, 7], [3, 4, 5], [6]]
@@ -191,12 +191,12 @@ def test_packed_rollouts_give_the_unpacked_loss_and_gradients(fields):
 
 
 def test_an_engine_refuses_a_model_not_prepared_for_its_config():
-    from coevolve.services.learner.engine import TorchEngine
-    from coevolve.services.learner.engines import prepare_policy
+    from coevolve.services.learner.trainer.trainer import TorchTrainer
+    from coevolve.services.learner.trainer.build import prepare_policy
 
     with pytest.raises(ValueError, match="packing attention first"):
-        TorchEngine(random_llama("tiny", seed=0, **SMALL), GRPOConfig(lr=1e-3))
+        TorchTrainer(random_llama("tiny", seed=0, **SMALL), GRPOConfig(lr=1e-3))
     with pytest.raises(ValueError, match="lora_rank=2 but the model has no LoRA adapters"):
-        TorchEngine(random_llama("tiny", seed=0, **SMALL), GRPOConfig(lr=1e-3, shared_prefix=False, lora_rank=2))
+        TorchTrainer(random_llama("tiny", seed=0, **SMALL), GRPOConfig(lr=1e-3, shared_prefix=False, lora_rank=2))
     config = GRPOConfig(lr=1e-3, lora_rank=2, lora_targets="q_proj")
-    assert TorchEngine(prepare_policy(random_llama("tiny", seed=0, **SMALL), config), config).updates == 0
+    assert TorchTrainer(prepare_policy(random_llama("tiny", seed=0, **SMALL), config), config).updates == 0

@@ -8,16 +8,17 @@ import pytest
 from coevolve.services.agent.config import BackendConfig
 from coevolve.services.envs.bfcl_data import load_tasks
 from coevolve.services.kafka.topics import EVALUATIONS, POLICY, STEPS, TRAJECTORIES
-from coevolve.services.learner import journal
-from coevolve.services.learner.batch import TrainSequence
+from coevolve.services.learner.loop import journal
+from coevolve.services.learner.trainer.batch import TrainSequence
 from coevolve.services.learner.config import LearnerConfig, LearnerSettings, SamplerConfig
-from coevolve.services.learner.sampler import TaskPool
-from coevolve.services.learner.service import Learner, resolve_run
-from coevolve.services.learner.record import StepRecord
+from coevolve.services.learner.loop.sampler import TaskPool
+from coevolve.services.learner.loop.replay import resolve_run
+from coevolve.services.learner.loop.service import Learner
+from coevolve.services.learner.loop.record import StepRecord
 from coevolve.services.runtime.config import ConfigError
 
 SEEDS = load_tasks(split="train")[:3]
-FRESH_POOL = TaskPool(SEEDS, SamplerConfig(), seed=3).state()
+FRESH_POOL = TaskPool(SEEDS, SamplerConfig(), rng_seed=3).state()
 
 
 def entry(step: int, run_id: str = "run-j", trained: bool = True, published: bool = False) -> journal.Entry:
@@ -36,7 +37,7 @@ def entry(step: int, run_id: str = "run-j", trained: bool = True, published: boo
         blocked_seconds=1e-6, produced_at=1_700_000_000_000 + step)
     return journal.Entry(step=step, run_id=run_id, trained=trained, batch=batch, trajectories=trajectories,
                          evaluation={"event_id": f"e-{step}", "success_rate": 0.5} if step == 2 else None,
-                         record=record, policy_version=step, engine_updates=step, sampler=FRESH_POOL,
+                         record=record, policy_version=step, trainer_updates=step, sampler=FRESH_POOL,
                          published=published,
                          policy_update={"event_id": f"p-{step}", "version": step} if trained else None)
 
@@ -99,8 +100,8 @@ def test_a_journal_without_a_checkpoint_is_a_run_to_resume(tmp_path):
         resolve_run(LearnerConfig(workdir=tmp_path, resume=True, run_id="other"))
 
 
-class CountingEngine:
-    """Records each batch it trains on and counts its updates, as `Engine.update` does."""
+class CountingTrainer:
+    """Records each batch it trains on and counts its updates, as `Trainer.update` does."""
 
     def __init__(self):
         self.updates = 0
@@ -126,13 +127,13 @@ class Producer:
 def replaying(tmp_path):
     service = Learner(LearnerSettings(LearnerConfig(workdir=tmp_path, resume=True, steps=5),
                                       backend=BackendConfig(model="tiny-random", backend="transformers")))
-    service.engine, service.producer = CountingEngine(), Producer()
-    service.pool = TaskPool(SEEDS, SamplerConfig(), seed=3)
+    service.trainer, service.producer = CountingTrainer(), Producer()
+    service.pool = TaskPool(SEEDS, SamplerConfig(), rng_seed=3)
     return service
 
 
 def test_a_resume_replays_each_journaled_step_and_sends_its_records_again(tmp_path, caplog):
-    pool = TaskPool(SEEDS, SamplerConfig(), seed=3)
+    pool = TaskPool(SEEDS, SamplerConfig(), rng_seed=3)
     pool.sample(2)
     after_two = pool.state()
     sent_one = entry(1).record.published(0.25)
@@ -141,8 +142,8 @@ def test_a_resume_replays_each_journaled_step_and_sends_its_records_again(tmp_pa
     service = replaying(tmp_path)
     with caplog.at_level(logging.INFO, logger="coevolve.learner"):
         assert service._replay() == 2
-    assert service.done == 2 and service.engine.updates == 2
-    assert service.engine.batches == [entry(1).batch, entry(2).batch]
+    assert service.done == 2 and service.trainer.updates == 2
+    assert service.trainer.batches == [entry(1).batch, entry(2).batch]
     assert service.pool.state() == after_two == service.pool_state
     topics = [topic for topic, _ in service.producer.sent]
     assert topics == [TRAJECTORIES.name] * 2 + [POLICY.name, STEPS.name] + [TRAJECTORIES.name] * 2 + [
@@ -159,10 +160,10 @@ def test_a_resume_replays_each_journaled_step_and_sends_its_records_again(tmp_pa
 
 
 def test_a_replay_follows_the_checkpoint_and_refuses_a_journal_that_does_not(tmp_path):
-    journal.write(tmp_path, journal.Entry(**{**entry(1, trained=False).__dict__, "engine_updates": 0}))
-    journal.write(tmp_path, journal.Entry(**{**entry(2).__dict__, "engine_updates": 1}))
+    journal.write(tmp_path, journal.Entry(**{**entry(1, trained=False).__dict__, "trainer_updates": 0}))
+    journal.write(tmp_path, journal.Entry(**{**entry(2).__dict__, "trainer_updates": 1}))
     service = replaying(tmp_path)
-    assert service._replay() == 2 and service.engine.batches == [entry(2).batch]
+    assert service._replay() == 2 and service.trainer.batches == [entry(2).batch]
     journal.write(tmp_path, entry(3))  # it claims three updates; only one was journaled before it
     again = replaying(tmp_path)
     with pytest.raises(RuntimeError, match="does not continue the checkpoint"):

@@ -2,8 +2,9 @@
 import pytest
 
 from coevolve.services.learner.config import RanksConfig, rollout_backend
-from coevolve.services.learner.launch import root_cause, torchrun_command
-from coevolve.services.learner.ranks import Ranks, assign
+from coevolve.services.learner.ranks.launch import root_cause, torchrun_command
+from coevolve.services.learner.ranks.group import Ranks
+from coevolve.services.learner.ranks.split import assign
 from coevolve.services.runtime.config import ConfigError
 
 SUMMARY = """[rank0]: Traceback ...

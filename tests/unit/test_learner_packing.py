@@ -3,8 +3,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from coevolve.services.learner.batch import TrainSequence
-from coevolve.services.learner.packing import pack, shared_prefix_attention
+from coevolve.services.learner.trainer.batch import TrainSequence
+from coevolve.services.learner.trainer.packing import pack, shared_prefix_attention
 
 
 def seq(ids, mask):

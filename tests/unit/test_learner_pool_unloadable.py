@@ -13,9 +13,10 @@ from coevolve.services.envs.bfcl_data import load_tasks
 from coevolve.services.kafka.consumer import dead_letter_id
 from coevolve.services.kafka.topics import DEADLETTER, TASKS
 from coevolve.services.learner.config import GRPOConfig, LearnerConfig, LearnerSettings, SamplerConfig
-from coevolve.services.learner.sampler import Origin, TaskPool, load_problem
-from coevolve.services.learner.service import Learner
-from coevolve.services.learner.step import StepRunner, Update
+from coevolve.services.learner.loop.sampler import Origin, TaskPool, load_problem
+from coevolve.services.learner.loop.service import Learner
+from coevolve.services.learner.loop.results import Update
+from coevolve.services.learner.loop.step import StepRunner
 from tests.agent_helpers import ScriptedBackend, byte_tokenizer
 
 SEEDS = load_tasks(split="train")[:4]
@@ -41,7 +42,7 @@ def test_the_check_is_the_episode_start():
 
 
 def test_an_arrival_that_cannot_load_is_refused_and_the_pool_takes_the_next():
-    pool = TaskPool(SEEDS, SamplerConfig(), seed=7)
+    pool = TaskPool(SEEDS, SamplerConfig(), rng_seed=7)
     where = Origin(TASKS.name, 0, 41, b"syn-bad")
     pool.offer(task_checked("syn-bad", UNLOADABLE), where)
     pool.offer(task_checked("syn-good"), Origin(TASKS.name, 0, 42, b"syn-good"))
@@ -57,22 +58,22 @@ def test_an_arrival_that_cannot_load_is_refused_and_the_pool_takes_the_next():
 
 
 def test_a_drawn_task_that_cannot_load_is_dropped_and_replaced():
-    pool = TaskPool([unloadable_task(), *SEEDS[:2]], SamplerConfig(), seed=7)
+    pool = TaskPool([unloadable_task(), *SEEDS[:2]], SamplerConfig(), rng_seed=7)
     drawn = pool.draw(3)  # the pool holds three: the bad one is drawn, then replaced
     assert len(drawn) == 3 and "bad-seed" not in {d.task.task_id for d in drawn}
     (bad,) = pool.take_unloadable()
     assert bad.task_id == "bad-seed" and bad.origin is None and pool.size == 2
     state = pool.state()
     assert state["dropped_seeds"] == ["bad-seed"]
-    restored = TaskPool([unloadable_task(), *SEEDS[:2]], SamplerConfig(), seed=0)
+    restored = TaskPool([unloadable_task(), *SEEDS[:2]], SamplerConfig(), rng_seed=0)
     restored.restore(state)
-    assert "bad-seed" not in restored.seed
+    assert "bad-seed" not in restored.seed_tasks
 
 
 def test_a_step_that_draws_an_unloadable_task_trains_on_a_replacement():
     answers = itertools.cycle(["yes", "no"])
     backend = ScriptedBackend(byte_tokenizer(), lambda request: next(answers))
-    pool = TaskPool([unloadable_task(), *SEEDS[:2]], SamplerConfig(), seed=1)
+    pool = TaskPool([unloadable_task(), *SEEDS[:2]], SamplerConfig(), rng_seed=1)
     runner = StepRunner(LearnerConfig(batch_tasks=3, group_size=2), GRPOConfig(), pool, backend, None,
                         SamplingConfig(temperature=1.0, max_new_tokens=8),
                         EpisodeLimits(max_user_turns=1, max_context_tokens=100_000), "run-u",

@@ -6,7 +6,7 @@ import pytest
 
 from coevolve.services.envs.bfcl_data import load_tasks
 from coevolve.services.learner.config import SamplerConfig
-from coevolve.services.learner.sampler import TaskPool
+from coevolve.services.learner.loop.sampler import TaskPool
 from coevolve.services.runtime.config import ConfigError
 
 SEEDS = load_tasks(split="train")[:4]
@@ -17,7 +17,7 @@ def verdict(task_id: str, verdict: str = "validated", base=SEEDS[0]) -> dict:
 
 
 def pool(**kwargs) -> TaskPool:
-    return TaskPool(SEEDS, SamplerConfig(**kwargs), seed=7)
+    return TaskPool(SEEDS, SamplerConfig(**kwargs), rng_seed=7)
 
 
 def test_an_arrival_joins_only_at_the_next_refresh():
@@ -160,7 +160,7 @@ def test_the_feed_offers_verdicts_and_dead_letters_every_other_event_type():
     import threading
 
     from coevolve.services.kafka.consumer import Delivered
-    from coevolve.services.learner.sampler import TaskFeed
+    from coevolve.services.learner.loop.feed import TaskFeed
 
     class Consumer:
         dead_lettered, rejected, flushed, closed = 0, [], threading.Event(), []
@@ -197,7 +197,7 @@ def test_the_feed_offers_verdicts_and_dead_letters_every_other_event_type():
 def test_the_pool_knows_the_subjects_of_the_signals_behind_its_tasks_across_a_restore():
     from coevolve.services.envs import bfcl_data
     from coevolve.services.learner.config import SamplerConfig
-    from coevolve.services.learner.sampler import TaskPool
+    from coevolve.services.learner.loop.sampler import TaskPool
 
     seeds = bfcl_data.seed_pool(["multi_turn_base"], 3)
     pool = TaskPool(seeds, SamplerConfig(), check=lambda task: None)

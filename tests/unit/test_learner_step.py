@@ -8,9 +8,9 @@ from coevolve.services.agent.config import EpisodeLimits, SamplingConfig
 from coevolve.services.envs.base import Task
 from coevolve.services.envs.bfcl_data import load_tasks
 from coevolve.services.learner.config import GRPOConfig, LearnerConfig, SamplerConfig
-from coevolve.services.learner.sampler import TaskPool
-from coevolve.services.learner.record import PHASES, StepRecord
-from coevolve.services.learner.step import StepRunner, reward_function, step_event_id, tool_overlap
+from coevolve.services.learner.loop.sampler import TaskPool
+from coevolve.services.learner.loop.record import PHASES, StepRecord
+from coevolve.services.learner.loop.step import StepRunner, reward_function, step_event_id, tool_overlap
 from tests.agent_helpers import ScriptedBackend, byte_tokenizer
 
 LIMITS = EpisodeLimits(max_user_turns=1, max_context_tokens=100_000)
@@ -43,7 +43,7 @@ def says_yes(episode) -> float:
 def runner(tokenizer, answers, **cfg):
     answers = itertools.cycle(answers)
     backend = ScriptedBackend(tokenizer, lambda request: next(answers))
-    pool = TaskPool(load_tasks(split="train")[:3], SamplerConfig(), seed=1)
+    pool = TaskPool(load_tasks(split="train")[:3], SamplerConfig(), rng_seed=1)
     engine = RecordingEngine()
     learner = LearnerConfig(**{"batch_tasks": 2, "group_size": 3, **cfg})
     return StepRunner(learner, GRPOConfig(), pool, backend, engine, SAMPLING, LIMITS, "run-t", says_yes), engine
@@ -86,7 +86,7 @@ def test_the_step_record_is_the_step_completed_event_field_for_field():
 
 def fresh_pool() -> TaskPool:
     """Three seed tasks and one validated task (a copy of another train task), drawn first."""
-    pool = TaskPool(load_tasks(split="train")[:3], SamplerConfig(fresh_first=True), seed=1)
+    pool = TaskPool(load_tasks(split="train")[:3], SamplerConfig(fresh_first=True), rng_seed=1)
     base = load_tasks(split="train")[5]
     pool.offer({**base.to_record(), "task_id": "syn-1", "verdict": "validated", "source": "synthesized"})
     pool.refresh(1)
@@ -161,7 +161,7 @@ def test_the_shaped_reward_credits_the_reference_tools_turn_by_turn():
 
 
 def test_evaluation_is_due_every_e_steps_and_after_the_last():
-    from coevolve.services.learner.evaluation import due, evaluation_event_id
+    from coevolve.services.learner.loop.evaluation import due, evaluation_event_id
 
     cfg = LearnerConfig(steps=7, eval_every=3)
     assert [s for s in range(1, 8) if due(cfg, s)] == [3, 6, 7]

@@ -31,7 +31,7 @@ def merged_named_parameters(model: torch.nn.Module, tensors: Iterable[tuple[str,
     """(name, tensor) of the base model with every active adapter merged in; no lora_* entries.
 
     `tensors`: the base model's (name, whole tensor) in `named_parameters` order, for a sharded policy
-    whose engine gathers them; by default the parameters themselves. An adapted weight comes before its
+    whose trainer gathers them; by default the parameters themselves. An adapted weight comes before its
     lora_A and lora_B, so it is held until they have passed."""
     from peft.tuners.lora import LoraLayer
 

@@ -1,4 +1,4 @@
-"""Training engines: one `update(batch) -> metrics` over GRPO sequences, plain torch or DeepSpeed.
+"""Trainers: one `update(batch) -> metrics` over GRPO sequences, plain torch or DeepSpeed.
 
 An update computes each sequence's loss weight over the whole batch first (`grpo.sequence_scales`),
 then runs micro-batches of `micro_batch_size` sequences, each forward/backward adding its share of
@@ -7,8 +7,8 @@ accumulated gradient equals the full batch's, whatever the micro-batch size. Wit
 (the default) a micro-batch is a pack of rollouts with the same prompt (`packing.py`), which is
 computed once for the pack instead of once per rollout.
 
-An engine takes a model already prepared for its config (`engines.prepare_policy`: the packing
-attention, gradient checkpointing, LoRA); `engines.build_engine` does both. The reference policy for
+A trainer takes a model already prepared for its config (`build.prepare_policy`: the packing
+attention, gradient checkpointing, LoRA); `build.build_trainer` does both. The reference policy for
 the KL term exists only when `kl_beta > 0`: a frozen copy of the starting weights (or the `reference`
 given, the same weights loaded apart), or, with LoRA, the same model with its adapters switched off
 (no copy).
@@ -21,32 +21,33 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from coevolve.services.agent.precision import autocast_bf16
-from coevolve.services.learner import grpo, packing
-from coevolve.services.learner.batch import Collated, TrainSequence, collate, micro_batches
+from coevolve.services.learner.trainer import grpo, packing
+from coevolve.services.learner.trainer.batch import Collated, TrainSequence, collate, micro_batches
 from coevolve.services.learner.config import GRPOConfig
-from coevolve.services.learner.lora import is_lora, merged_named_parameters
-from coevolve.services.learner.ranks import assign, rank_times
+from coevolve.services.learner.trainer.lora import is_lora, merged_named_parameters
 
 
-class Engine:
-    """The update loop shared by every engine; subclasses own the optimizer, the backward and the files.
+class Trainer:
+    """The update loop shared by every trainer; subclasses own the optimizer, the backward and the files.
 
-    `model` must be prepared for `config` (`engines.prepare_policy`); the constructor checks the parts
+    `model` must be prepared for `config` (`build.prepare_policy`); the constructor checks the parts
     that would otherwise compute something else silently, and changes nothing in the model."""
+
+    STATS = ("loss", "pg_loss", "kl", "clipped", "abs_log_ratio", "behaviour_weight", "weight_capped")
+    """What each micro-batch's loss reports, summed over the update (`metrics` makes them shares)."""
 
     def __init__(self, model: torch.nn.Module, config: GRPOConfig, pad_id: int = 0,
                  reference: torch.nn.Module | None = None) -> None:
         if config.shared_prefix and model.config._attn_implementation != packing.ATTENTION:
             raise ValueError("shared_prefix packs rollouts, which needs the model switched to the packing "
-                             "attention first: build the engine with engines.build_engine, or call "
-                             "engines.prepare_policy on the model")
+                             "attention first: build the trainer with build.build_trainer, or call "
+                             "build.prepare_policy on the model")
         if bool(config.lora_rank) != is_lora(model):
             raise ValueError(f"lora_rank={config.lora_rank} but the model {'has no' if config.lora_rank else 'has'} "
-                             "LoRA adapters: prepare it with engines.prepare_policy")
+                             "LoRA adapters: prepare it with build.prepare_policy")
         self.config = config
         self.pad_id = pad_id
         self.updates = 0
@@ -55,8 +56,6 @@ class Engine:
         if config.kl_beta > 0 and not is_lora(model):
             self.reference = reference if reference is not None else copy.deepcopy(model).eval().requires_grad_(False)
         self.model = model
-        self.world = dist.get_world_size() if dist.is_initialized() else 1
-        self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.rank_times: list[dict[str, float]] = []
         """Each rank's seconds of the last update: training (forward and backward) and reduce (the rest)."""
 
@@ -68,7 +67,7 @@ class Engine:
     def _backward(self, loss: torch.Tensor) -> None:
         raise NotImplementedError
 
-    def _optimizer_step(self) -> float:
+    def optimizer_step(self) -> float:
         """Clip, step the optimizer, zero the gradients; return the gradient norm before clipping."""
         raise NotImplementedError
 
@@ -85,51 +84,64 @@ class Engine:
         return next(self.model.parameters()).device
 
     def update(self, batch: Sequence[TrainSequence]) -> dict[str, float]:
-        """One GRPO update on `batch` (one optimizer step); returns the update's metrics.
+        """One GRPO update on `batch` in this process (one optimizer step); returns the update's metrics.
 
-        With several ranks every rank is given the whole batch and trains its share of the micro-batches
-        (`ranks.assign`); the loss weights are the whole batch's, and each rank's loss is scaled by the
-        world size so that the engine's gradient average is the sum over ranks: the gradient and the
-        reported loss are what one rank would compute over the whole batch. A rank with fewer
-        micro-batches runs a weightless one per missing round, since every forward and backward is a
-        collective for sharded weights."""
+        Several ranks share an update through `ranks.split.SplitTrainer.update`, which takes the same steps."""
+        start = self.begin(batch)
+        scales = self.scales(batch)
+        sums = dict.fromkeys(self.STATS, 0.0)
+        for part in self.micro_batches(batch):
+            for key, value in self.backward(batch, part, scales[part]).items():
+                sums[key] += value
+        trained = time.perf_counter()
+        grad_norm = self.optimizer_step()
+        seconds = self.end(start)
+        self.rank_times = [{"training": trained - start, "reduce": seconds - (trained - start)}]
+        return self.metrics(batch, sums, grad_norm, seconds)
+
+    def begin(self, batch: Sequence[TrainSequence]) -> float:
+        """Start an update on `batch`: the model in training mode; the perf_counter start."""
         if not batch:
             raise ValueError("update needs at least one sequence")
         start = time.perf_counter()
-        cfg = self.config
         self.model.train()
-        counts = torch.tensor([s.loss_tokens for s in batch])
-        scales = grpo.sequence_scales(counts, cfg.loss_agg)
-        sums = dict.fromkeys(("loss", "pg_loss", "kl", "clipped", "abs_log_ratio", "behaviour_weight",
-                              "weight_capped"), 0.0)
-        if cfg.shared_prefix:
-            parts = packing.plan(batch, cfg.micro_batch_size)
-        else:
-            parts = [list(range(len(batch))[part]) for part in micro_batches(len(batch), cfg.micro_batch_size)]
-        mine = parts
-        if self.world > 1:
-            owned = assign(parts, [len(s.token_ids) for s in batch], self.world)[self.rank]
-            mine = [parts[i] for i in owned]
-        for i in range(self._most(len(mine))):
-            weightless = i >= len(mine)
-            part = (mine or parts)[0] if weightless else mine[i]
-            seqs = [batch[j] for j in part]
-            mb = collate(seqs, self.pad_id).to(self.device)
-            pk = packing.pack(seqs).to(self.device) if cfg.shared_prefix else None
-            weights = torch.zeros(len(part)) if weightless else scales[part]
-            with torch.autocast(self.device.type, dtype=torch.bfloat16,
-                                enabled=autocast_bf16(cfg.autocast, self.device.type)):
-                loss, stats = self._micro_loss(mb, pk, weights.to(self.device))
-            self._backward(loss * self.world if self.world > 1 else loss)
-            for key, value in ({} if weightless else stats).items():
-                sums[key] += value
-        trained = time.perf_counter()
-        grad_norm = self._optimizer_step()
-        sums = self._summed(sums)
+        return start
+
+    def scales(self, batch: Sequence[TrainSequence]) -> torch.Tensor:
+        """Each sequence's loss weight over the whole batch (`grpo.sequence_scales`)."""
+        return grpo.sequence_scales(torch.tensor([s.loss_tokens for s in batch]), self.config.loss_agg)
+
+    def micro_batches(self, batch: Sequence[TrainSequence]) -> list[list[int]]:
+        """The micro-batches of `batch`, as lists of its indexes: packs with `shared_prefix`, else runs of
+        `micro_batch_size` sequences."""
+        size = self.config.micro_batch_size
+        if self.config.shared_prefix:
+            return packing.plan(batch, size)
+        return [list(range(len(batch))[part]) for part in micro_batches(len(batch), size)]
+
+    def backward(self, batch: Sequence[TrainSequence], part: Sequence[int], weights: torch.Tensor,
+                 factor: int = 1) -> dict[str, float]:
+        """Forward and backward of the micro-batch `part` of `batch` with loss weights `weights`, its loss
+        multiplied by `factor`; the gradient adds to the update's. Returns the micro-batch's sums."""
+        seqs = [batch[j] for j in part]
+        mb = collate(seqs, self.pad_id).to(self.device)
+        pk = packing.pack(seqs).to(self.device) if self.config.shared_prefix else None
+        with torch.autocast(self.device.type, dtype=torch.bfloat16,
+                            enabled=autocast_bf16(self.config.autocast, self.device.type)):
+            loss, stats = self._micro_loss(mb, pk, weights.to(self.device))
+        self._backward(loss * factor if factor > 1 else loss)
+        return stats
+
+    def end(self, start: float) -> float:
+        """Count the update taken since `start`; its seconds."""
         self.updates += 1
-        seconds = time.perf_counter() - start
-        self.rank_times = rank_times({"training": trained - start, "reduce": seconds - (trained - start)})
-        loss_tokens = int(counts.sum())
+        return time.perf_counter() - start
+
+    @staticmethod
+    def metrics(batch: Sequence[TrainSequence], sums: dict[str, float], grad_norm: float,
+                seconds: float) -> dict[str, float]:
+        """The update's metrics from the micro-batches' `sums` over the whole batch."""
+        loss_tokens = sum(s.loss_tokens for s in batch)
         return {
             "loss": sums["loss"], "pg_loss": sums["pg_loss"], "kl": sums["kl"],
             "clip_fraction": sums["clipped"] / max(loss_tokens, 1), "grad_norm": grad_norm,
@@ -139,27 +151,6 @@ class Engine:
             "loss_tokens": float(loss_tokens), "tokens": float(sum(len(s.token_ids) for s in batch)),
             "sequences": float(len(batch)), "step_seconds": seconds,
         }
-
-    def _most(self, rounds: int) -> int:
-        """The most micro-batches any rank has."""
-        if self.world == 1:
-            return rounds
-        count = torch.tensor([rounds], device=self.comm_device)
-        dist.all_reduce(count, op=dist.ReduceOp.MAX)
-        return int(count.item())
-
-    def _summed(self, sums: dict[str, float]) -> dict[str, float]:
-        """`sums` added over the ranks."""
-        if self.world == 1:
-            return sums
-        values = torch.tensor(list(sums.values()), dtype=torch.float64, device=self.comm_device)
-        dist.all_reduce(values)
-        return dict(zip(sums, values.tolist()))
-
-    @property
-    def comm_device(self) -> torch.device:
-        """Where the process group's small tensors live: the GPU for NCCL, the CPU for gloo."""
-        return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
 
     def _logprobs(self, forward, mb: Collated, pk: packing.Pack | None) -> torch.Tensor:
         """(B, T) log-probs of the generated tokens under `forward` (0 elsewhere), packed or not."""
@@ -209,7 +200,7 @@ class Engine:
 
     @property
     def policy_module(self) -> torch.nn.Module:
-        """The (possibly peft-wrapped) transformers model, outside any engine wrapper."""
+        """The (possibly peft-wrapped) transformers model, outside any wrapper (DeepSpeed's engine)."""
         return self.model
 
     def named_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -221,7 +212,7 @@ class Engine:
         yield from self._full_parameters(module)
 
     def _full_parameters(self, module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-        """`module`'s (name, whole tensor) in order; a sharding engine gathers each (every rank together)."""
+        """`module`'s (name, whole tensor) in order; a sharding trainer gathers each (every rank together)."""
         for name, param in module.named_parameters():
             yield name, param.detach()
 
@@ -230,7 +221,7 @@ class Engine:
         return {name: tensor.cpu().clone() for name, tensor in self.named_parameters()}
 
 
-class TorchEngine(Engine):
+class TorchTrainer(Trainer):
     """Plain torch: AdamW over the trainable parameters, gradient-norm clipping."""
 
     def __init__(self, model: torch.nn.Module, config: GRPOConfig, pad_id: int = 0) -> None:
@@ -249,7 +240,7 @@ class TorchEngine(Engine):
     def _backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 
-    def _optimizer_step(self) -> float:
+    def optimizer_step(self) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]
         limit = self.config.max_grad_norm or float("inf")
         norm = torch.nn.utils.clip_grad_norm_(params, limit) if params else torch.tensor(0.0)

@@ -16,7 +16,7 @@ An entry holds:
                     log-probs, advantage); empty when the step did not train
     records.json    the TrajectoryRecorded records, the PolicyUpdated and EvaluationCompleted records
                     or null, and the StepCompleted record as built before publishing
-    state.json      step, run id, whether it trained, the policy version and the engine's update
+    state.json      step, run id, whether it trained, the policy version and the trainer's update
                     count after it (key `engine_steps`), and the pool's state after it (what it had
                     taken in from coevolve.tasks, its RNG)
     published.json  the StepCompleted record as sent (with its publish time): written once the
@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coevolve.services.learner.batch import TrainSequence
-from coevolve.services.learner.record import StepRecord
+from coevolve.services.learner.trainer.batch import TrainSequence
+from coevolve.services.learner.loop.record import StepRecord
 
 PREFIX = "step-"
 
@@ -56,7 +56,7 @@ class Entry:
     record: StepRecord
     """The StepCompleted record: as sent when `published`, else as built before publishing."""
     policy_version: int
-    engine_updates: int
+    trainer_updates: int
     sampler: dict[str, Any]
     published: bool = False
     policy_update: dict[str, Any] | None = None
@@ -94,7 +94,7 @@ def write(workdir: Path, entry: Entry) -> Path:
                                  "record": entry.record.to_event(), "policy_update": entry.policy_update,
                                  "subjects": entry.subjects})
     _dump(tmp / "state.json", {"step": entry.step, "run_id": entry.run_id, "trained": entry.trained,
-                               "policy_version": entry.policy_version, "engine_steps": entry.engine_updates,
+                               "policy_version": entry.policy_version, "engine_steps": entry.trainer_updates,
                                "sampler": entry.sampler})
     if entry.published:
         _dump(tmp / "published.json", entry.record.to_event())
@@ -119,7 +119,7 @@ def read(path: Path) -> Entry:
     return Entry(step=int(state["step"]), run_id=str(state["run_id"]), trained=bool(state["trained"]),
                  batch=batch, trajectories=records["trajectories"], evaluation=records["evaluation"],
                  record=StepRecord.from_event(_load(path / "published.json") if published else records["record"]),
-                 policy_version=int(state["policy_version"]), engine_updates=int(state["engine_steps"]),
+                 policy_version=int(state["policy_version"]), trainer_updates=int(state["engine_steps"]),
                  sampler=state["sampler"], published=published, policy_update=records.get("policy_update"),
                  subjects=records.get("subjects"))
 

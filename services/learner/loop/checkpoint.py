@@ -1,10 +1,10 @@
 """Learner checkpoints: `<workdir>/checkpoints/step-000003/` and a `latest` pointer beside them.
 
-A checkpoint holds the policy weights (as the engine trains them: LoRA adapters unmerged), the
+A checkpoint holds the policy weights (as the trainer trains them: LoRA adapters unmerged), the
 optimizer state, and `state.json` (step, run id, policy version, sampler state, config). It is written
 to a temporary folder and renamed into place, and only then does `latest` move (written the same
-way), so a crash mid-write leaves the previous checkpoint current. The engine writes and reads its own
-files (`Engine.save` / `Engine.load`: torch files, DeepSpeed's own checkpoint, whose optimizer state
+way), so a crash mid-write leaves the previous checkpoint current. The trainer writes and reads its own
+files (`Trainer.save` / `Trainer.load`: torch files, DeepSpeed's own checkpoint, whose optimizer state
 is partitioned, or FSDP2's `torch.distributed.checkpoint` shards); with several ranks each writes its
 shard into the one folder (shared storage across nodes), rank 0 the rest, and `state.json` records
 the world size, which a resume must match. Older checkpoints beyond `keep` are deleted: a SmolLM2 checkpoint with AdamW
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from coevolve.services.learner.engine import Engine
+    from coevolve.services.learner.trainer.trainer import Trainer
 
 LATEST = "latest"
 
@@ -53,17 +53,17 @@ def _write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def save_checkpoint(workdir: Path, engine: Engine, *, step: int, run_id: str, policy_version: int,
+def save_checkpoint(workdir: Path, trainer: Trainer, *, step: int, run_id: str, policy_version: int,
                     sampler: dict[str, Any], config: dict[str, Any], keep: int = 2, world_size: int = 1) -> Path:
     """Write step `step`'s checkpoint, point `latest` at it, and keep only the newest `keep`. With several
-    ranks this is rank 0's part: its `engine` (ranks.Driver) has every rank write its shard into the folder."""
+    ranks this is rank 0's part: its `trainer` (ranks.driver.Driver) has every rank write its shard into the folder."""
     final = step_dir(workdir, step)
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    engine.save(tmp)
-    # "engine_steps": the engine's update count, under the key older checkpoints have
-    state = {"step": step, "run_id": run_id, "policy_version": policy_version, "engine_steps": engine.updates,
+    trainer.save(tmp)
+    # "engine_steps": the trainer's update count, under the key older checkpoints have
+    state = {"step": step, "run_id": run_id, "policy_version": policy_version, "engine_steps": trainer.updates,
              "world_size": world_size, "sampler": sampler, "config": config}
     (tmp / "state.json").write_text(json.dumps(state, default=str), encoding="utf-8")
     shutil.rmtree(final, ignore_errors=True)
@@ -94,8 +94,8 @@ def latest_checkpoint(workdir: Path) -> Checkpoint | None:
                       state["sampler"], state.get("config", {}), int(state.get("world_size", 1)))
 
 
-def restore_engine(engine: Engine, checkpoint: Checkpoint) -> None:
-    """Load the policy and optimizer state of `checkpoint` into `engine`, and its update count."""
-    engine.load(checkpoint.path)
+def restore_trainer(trainer: Trainer, checkpoint: Checkpoint) -> None:
+    """Load the policy and optimizer state of `checkpoint` into `trainer`, and its update count."""
+    trainer.load(checkpoint.path)
     state = json.loads((checkpoint.path / "state.json").read_text(encoding="utf-8"))
-    engine.updates = int(state.get("engine_steps", checkpoint.step))
+    trainer.updates = int(state.get("engine_steps", checkpoint.step))

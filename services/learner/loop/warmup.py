@@ -187,7 +187,7 @@ def _optimizer_step(model, optimizer, batch: list[Example], grpo: GRPOConfig) ->
     """One optimizer step of token-mean cross-entropy over the batch's masked tokens; the mean loss."""
     import torch
 
-    from coevolve.services.learner import grpo as maths
+    from coevolve.services.learner.trainer import grpo as maths
 
     total = sum(sum(e.loss_mask) for e in batch)
     loss_sum = 0.0

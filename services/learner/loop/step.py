@@ -7,7 +7,7 @@ and the records the service publishes.
     dynamic sampling: groups with equal rewards are replaced by new draws, up to max_resample rounds
     A_i      = (r_i - mean_group) / (std_group + eps)          # advantages: grpo.group_advantages
     batch    = one TrainSequence per rollout, with its A_i     # sequences
-    engine.update(batch)                                       # update: clipped ratio against rollout log-probs
+    trainer.update(batch)                                      # update: clipped ratio against rollout log-probs
     backend.update_weights(policy, version + 1)                # push: the next rollouts use the new policy
     trajectories, StepRecord                                   # publish: what the service sends
 
@@ -40,20 +40,19 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from coevolve.services.agent.config import EpisodeLimits, SamplingConfig
 from coevolve.services.agent.episodes import Episode, run_episodes
-from coevolve.services.agent.generation import Backend, Push
-from coevolve.services.learner.batch import TrainSequence
+from coevolve.services.agent.generation import Backend
 from coevolve.services.learner.config import GRPOConfig, LearnerConfig
-from coevolve.services.learner.grpo import group_advantages
-from coevolve.services.learner.record import StepRecord
-from coevolve.services.learner.sampler import Drawn, TaskPool
+from coevolve.services.learner.loop.record import StepRecord
+from coevolve.services.learner.loop.results import Group, PhaseTimes, Rollouts, StepOutcome, Update, staleness
+from coevolve.services.learner.loop.sampler import Drawn, TaskPool
+from coevolve.services.learner.trainer.batch import TrainSequence
+from coevolve.services.learner.trainer.grpo import group_advantages
 
 Reward = Callable[[Episode], float]
 
@@ -84,85 +83,6 @@ def reward_function(name: str) -> Reward:
     raise ValueError(f"unknown reward {name!r}; use binary, partial or shaped")
 
 
-@dataclass
-class PhaseTimes:
-    """Seconds spent so far in each phase the step times itself; `with times.phase("rollout"): ...`."""
-
-    rollout: float = 0.0
-    scoring: float = 0.0
-    training: float = 0.0
-    push: float = 0.0
-
-    @contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        """Add the time the block takes to phase `name` (an exception's too)."""
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            setattr(self, name, getattr(self, name) + time.perf_counter() - started)
-
-
-@dataclass
-class Group:
-    """The K rollouts of one drawn task and their rewards."""
-
-    drawn: Drawn
-    episodes: list[Episode]
-    rewards: list[float] = field(default_factory=list)
-
-    @property
-    def flat(self) -> bool:
-        return max(self.rewards) == min(self.rewards)
-
-
-@dataclass(frozen=True)
-class Rollouts:
-    """What a step rolled out and scored."""
-
-    groups: list[Group]
-    """Every group, in the order drawn: all of them are published."""
-    kept: list[Group]
-    """The groups the update trains on (without dynamic sampling, all of them)."""
-    resampled: int
-    """Groups drawn again to replace flat ones (dynamic sampling)."""
-    times: PhaseTimes = field(default_factory=PhaseTimes)
-    """Rollout and scoring seconds of the job that made them."""
-    blocked: float = 0.0
-    """Seconds taking the pool's arrivals in before the draws."""
-
-
-@dataclass(frozen=True)
-class Update:
-    """The engine's update over a step's batch, and the push that followed it."""
-
-    metrics: dict[str, float]
-    """The engine's metrics of the update; empty when there was none."""
-    trained: bool
-    """Whether the update (and the push) happened: not when no advantage was non-zero."""
-    push: Push | None = None
-    """What the push that followed the update did; None without one."""
-
-
-@dataclass(frozen=True)
-class StepResult:
-    """What a finished step publishes (its trajectories, then its record) and the batch it trained on."""
-
-    trajectories: list[dict[str, Any]]
-    record: StepRecord
-    update: Update
-    batch: list[TrainSequence] = field(default_factory=list)
-    """The sequences the update trained on; empty when the step did not train."""
-    pool_state: dict[str, Any] | None = None
-    """The pool as a resume continues from it: after this step's draws, before any later step's."""
-    policy_update: dict[str, Any] | None = None
-    """The `PolicyUpdated` record of the step's push; None without one."""
-
-    @property
-    def trained(self) -> bool:
-        return self.update.trained
-
-
 def step_event_id(run_id: str, step: int) -> str:
     return str(uuid.uuid5(uuid.NAMESPACE_URL, f"coevolve:{run_id}:step:{step}"))
 
@@ -171,18 +91,13 @@ def policy_event_id(run_id: str, version: int) -> str:
     return str(uuid.uuid5(uuid.NAMESPACE_URL, f"coevolve:{run_id}:policy:{version}"))
 
 
-def staleness(groups: Sequence[Group], version: int) -> list[int]:
-    """Per rollout, the versions between `version` (the policy being updated) and the one it came from."""
-    return [version - e.policy_version for g in groups for e in g.episodes]
-
-
 class StepRunner:
-    """Holds the pool, rollout backend and training engine; `run(step)` does one GRPO step."""
+    """Holds the pool, rollout backend and trainer; `run(step)` does one GRPO step."""
 
-    def __init__(self, cfg: LearnerConfig, grpo: GRPOConfig, pool: TaskPool, backend: Backend, engine: Any,
+    def __init__(self, cfg: LearnerConfig, grpo: GRPOConfig, pool: TaskPool, backend: Backend, trainer: Any,
                  sampling: SamplingConfig, limits: EpisodeLimits, run_id: str, reward: Reward | None = None,
                  env: str | Callable[[], Any] = "bfcl"):
-        self.cfg, self.grpo, self.pool, self.backend, self.engine = cfg, grpo, pool, backend, engine
+        self.cfg, self.grpo, self.pool, self.backend, self.trainer = cfg, grpo, pool, backend, trainer
         self.env = env
         self.sampling, self.limits, self.run_id = sampling, limits, run_id
         self.reward = reward or reward_function(grpo.reward)
@@ -192,7 +107,7 @@ class StepRunner:
         self._before: dict[int, dict[str, Any]] = {}  # step -> the pool's state before its draws
         self._executor: ThreadPoolExecutor | None = None
 
-    def run(self, step: int) -> StepResult:
+    def run(self, step: int) -> StepOutcome:
         """One whole step (the pool's refresh before it included)."""
         started = time.perf_counter()
         self.times = PhaseTimes()
@@ -210,7 +125,7 @@ class StepRunner:
             for done in [k for k in self._before if k <= step + 1]:
                 del self._before[done]
         policy = self.policy_record(step, update)
-        return StepResult(trajectories, record, update, batch if update.trained else [], pool_state, policy)
+        return StepOutcome(trajectories, record, update, batch if update.trained else [], pool_state, policy)
 
     def rollouts(self, step: int) -> Rollouts:
         """The step's rollouts: those the look-ahead started, or rolled out now."""
@@ -300,9 +215,9 @@ class StepRunner:
         if not any(s.advantage != 0.0 and s.loss_tokens for s in batch):
             return Update({}, False)
         with self.times.phase("training"):
-            metrics = self.engine.update(batch)
+            metrics = self.trainer.update(batch)
         with self.times.phase("push"):
-            push = self.backend.update_weights(self.engine.named_parameters(), version=self.backend.version + 1)
+            push = self.backend.update_weights(self.trainer.named_parameters(), version=self.backend.version + 1)
         return Update(metrics, True, push)
 
     def policy_record(self, step: int, update: Update) -> dict[str, Any] | None:

@@ -1,7 +1,7 @@
 """The learner's task pool: the seed training split plus the validated tasks of `coevolve.tasks`.
 
-`TaskFeed` follows the compacted topic from its beginning in a background thread (no consumer group:
-the catalog is rebuilt at every start) and only buffers what arrives. `TaskPool.refresh()`, called
+`TaskFeed` (feed.py) follows the compacted topic from its beginning in a background thread (no consumer
+group: the catalog is rebuilt at every start) and only buffers what arrives. `TaskPool.refresh()`, called
 between steps, takes the buffer in: the latest verdict per task id wins, so a validated task joins and a
 task rejected later leaves. A step therefore never sees the pool change under it, and the learner
 never waits on the explorer or validator: `refresh()` returns the seconds spent taking tasks in, the
@@ -82,12 +82,12 @@ def load_problem(task: Task, env: str = "bfcl") -> str | None:
 class TaskPool:
     """Seed tasks and synthesized tasks; arrivals wait in a buffer until `refresh()`."""
 
-    def __init__(self, seed_tasks: Sequence[Task], config: SamplerConfig, seed: int = 0,
+    def __init__(self, seed_tasks: Sequence[Task], config: SamplerConfig, rng_seed: int = 0,
                  check: Callable[[Task], str | None] = load_problem):
         self.config = config
-        self.seed = {t.task_id: t for t in seed_tasks}
+        self.seed_tasks = {t.task_id: t for t in seed_tasks}
         self.synthesized: dict[str, tuple[Task, int]] = {}  # task id -> (task, step it joined)
-        self.rng = random.Random(seed)
+        self.rng = random.Random(rng_seed)
         self.step = 0
         self.frozen = False
         self.invalid = 0
@@ -128,7 +128,7 @@ class TaskPool:
 
     def _apply(self, record: dict[str, Any], step: int, origin: Origin | None = None) -> None:
         task_id = str(record.get("task_id", ""))
-        if task_id in self.seed:
+        if task_id in self.seed_tasks:
             return
         if record.get("verdict") != "validated":
             self.synthesized.pop(task_id, None)
@@ -156,13 +156,13 @@ class TaskPool:
         """The tasks whose weakness signals led to a task in the pool (each once, in id order): what a
         repair evaluation runs. A subject that is neither a seed nor a synthesized task of the pool is left
         out (a seed task of another category)."""
-        known = {**self.seed, **{k: t for k, (t, _) in self.synthesized.items()}}
+        known = {**self.seed_tasks, **{k: t for k, (t, _) in self.synthesized.items()}}
         return [known[k] for k in sorted(set(self.subjects.values())) if k in known]
 
     def _drop(self, bad: Unloadable) -> None:
         self.synthesized.pop(bad.task_id, None)
         self.loadable.discard(bad.task_id)
-        if self.seed.pop(bad.task_id, None) is not None:
+        if self.seed_tasks.pop(bad.task_id, None) is not None:
             self.dropped_seeds.add(bad.task_id)
         self._unloadable.append(bad)
 
@@ -179,7 +179,7 @@ class TaskPool:
 
     @property
     def size(self) -> int:
-        return len(self.seed) + len(self.synthesized)
+        return len(self.seed_tasks) + len(self.synthesized)
 
     def weight(self, task_id: str) -> float:
         """A synthesized task's recency weight at the current step (1 without a half-life)."""
@@ -190,7 +190,7 @@ class TaskPool:
 
     def sample(self, n: int) -> list[Drawn]:
         """Draw `n` tasks for the current step: the fresh ones first (`fresh_first`), then by the mixing."""
-        if not self.seed and not self.synthesized:
+        if not self.seed_tasks and not self.synthesized:
             raise RuntimeError("the task pool is empty: give seed categories with train tasks, or wait for "
                                "validated tasks")
         fresh = self._fresh(n) if self.config.fresh_first else []
@@ -209,7 +209,7 @@ class TaskPool:
 
     def _mix(self, n: int, exclude: set[str]) -> list[Drawn]:
         """`n` tasks by the configured mixing, from the pool less `exclude`."""
-        seed = [Drawn(self.seed[k], "seed") for k in sorted(self.seed) if k not in exclude]
+        seed = [Drawn(self.seed_tasks[k], "seed") for k in sorted(self.seed_tasks) if k not in exclude]
         synth = [Drawn(self.synthesized[k][0], "synthesized") for k in sorted(self.synthesized) if k not in exclude]
         synth_w = [self.weight(d.task.task_id) for d in synth]
         share = self.config.synthetic_share
@@ -229,7 +229,7 @@ class TaskPool:
             fresh = self.sample(n - len(drawn))
             for d in fresh:
                 task_id = d.task.task_id
-                if task_id not in self.loadable and task_id in {*self.seed, *self.synthesized}:
+                if task_id not in self.loadable and task_id in {*self.seed_tasks, *self.synthesized}:
                     problem = self.check(d.task)
                     if problem is not None:
                         self._drop(Unloadable(task_id, problem, None, None))
@@ -258,7 +258,7 @@ class TaskPool:
         self.drawn = set(state.get("drawn", ()))
         self.subjects = dict(state.get("subjects", {}))
         for task_id in self.dropped_seeds:
-            self.seed.pop(task_id, None)
+            self.seed_tasks.pop(task_id, None)
         self.loadable = set()
         self.synthesized = {}
         for entry in state["synthesized"]:
@@ -274,48 +274,3 @@ def _weighted(rng: random.Random, items: list[Drawn], weights: list[float], n: i
                       reverse=True)
         out += [items[i] for i in keys[:n - len(out)]]
     return out
-
-
-class TaskFeed:
-    """A daemon thread reading `coevolve.tasks` from the beginning into `pool.offer`; what is not a
-    `TaskChecked` (or does not decode) goes to the consumer's dead letters, sent by a producer of its own."""
-
-    def __init__(self, make_consumer: Callable[[], Any], pool: TaskPool, poll_s: float = 0.2):
-        self.make_consumer, self.pool, self.poll_s = make_consumer, pool, poll_s
-        self.received = 0
-        self.error: str | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="learner-task-feed", daemon=True)
-
-    def start(self) -> "TaskFeed":
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        consumer, flushed = None, 0
-        try:
-            consumer = self.make_consumer()
-            while not self._stop.is_set():
-                for item in consumer.poll(self.poll_s):
-                    if item.name == "TaskChecked":
-                        self.pool.offer(item.event, Origin(item.topic, item.partition, item.offset, item.key))
-                        self.received += 1
-                    else:
-                        consumer.reject(item, "invalid", f"{item.name} on {item.topic}: the learner takes only "
-                                                         "TaskChecked events from it")
-                if consumer.dead_lettered != flushed and consumer.deadletters is not None:
-                    consumer.deadletters.flush()  # undecodable or foreign events, dead-lettered as read
-                    flushed = consumer.dead_lettered
-        except Exception as exc:  # the learner keeps training on the pool it has; health reports it
-            self.error = f"{type(exc).__name__}: {exc}"
-            log.error("sampler.feed_failed", error=self.error)
-        finally:
-            if consumer is not None:
-                consumer.close()
-                if consumer.deadletters is not None:
-                    consumer.deadletters.close()
-
-    def stop(self, timeout_s: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout_s)

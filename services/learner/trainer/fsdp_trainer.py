@@ -5,10 +5,10 @@ root, so a forward gathers one layer's weights at a time and the backward reduce
 gradients; every rank keeps a 1/N shard of the weights, the gradients and AdamW's moments. With
 `autocast` bf16 the units compute in bfloat16 (`MixedPrecisionPolicy`), gradients reduced in float32,
 weights and moments kept in float32. LoRA adapters, gradient checkpointing and the packing attention
-are set before sharding (`engines.prepare_policy`) and shard with the rest; frozen base weights are
+are set before sharding (`build.prepare_policy`) and shard with the rest; frozen base weights are
 sharded too. The KL reference, when asked for, is sharded the same way.
 
-A learner's ranks build the model on the meta device (`engines.load_engine`): only rank 0 reads the
+A learner's ranks build the model on the meta device (`build.load_trainer`): only rank 0 reads the
 weights, on the CPU; each rank shards the empty model, allocates its shards on its own device and
 takes their values from rank 0's copy, one tensor at a time (`set_model_state_dict`, broadcast from
 rank 0), so no other rank, and no GPU, ever holds the whole model.
@@ -27,7 +27,7 @@ import torch
 
 from coevolve.services.agent.precision import autocast_bf16
 from coevolve.services.learner.config import GRPOConfig
-from coevolve.services.learner.engine import TorchEngine
+from coevolve.services.learner.trainer.trainer import TorchTrainer
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -60,7 +60,7 @@ def take_from_rank0(module: torch.nn.Module, source: torch.nn.Module | None, dev
             dist.broadcast(buffer, src=0)
 
 
-class FSDPEngine(TorchEngine):
+class FSDPTrainer(TorchTrainer):
     """FSDP2 around the (prepared) policy; AdamW over the sharded trainable parameters.
 
     `model` may be on the meta device: it is then allocated on `device` once sharded, and every rank

@@ -6,7 +6,7 @@ whoever started the learner.
         --master-addr HOST --master-port PORT --node-rank K   (several: static rendezvous)
         --no-python coevolve learner <the same arguments>
 
-A static rendezvous numbers ranks node by node, so rank 0 (the reader and publisher, ranks.py) is always
+A static rendezvous numbers ranks node by node, so rank 0 (the reader and publisher, group.py) is always
 on node 0, where the rollout fleet's transfer rendezvous points. torchrun runs in a session of its
 own, with the parent-death signal: a stop reaches the ranks through this process only, and a killed
 learner takes them along. Stopping (SIGTERM or SIGINT here) sends SIGTERM to the ranks: rank 0 finishes

@@ -1,17 +1,17 @@
-"""The DeepSpeed engine, and every DeepSpeed quirk the learner works around, in one place.
+"""The DeepSpeed trainer, and every DeepSpeed quirk the learner works around, in one place.
 
 - Accelerator: DeepSpeed picks its accelerator once, at import, from `DS_ACCELERATOR`. For a CPU
   model it is set to `cpu` before the first `import deepspeed` (0.19.8 also falls back to CPU when
   it finds no GPU, with a warning; being explicit keeps a GPU host from choosing CUDA for a CPU run).
 - Single process: outside a launcher, `deepspeed.initialize` still joins a process group, so RANK,
   LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT get single-process values when they are unset.
-  Several ranks run under torchrun, which sets them; the group is already joined (`ranks.init_group`:
+  Several ranks run under torchrun, which sets them; the group is already joined (`ranks.group.init_group`:
   gloo on CPU, where DeepSpeed's own choice would be oneCCL) and DeepSpeed uses it.
 - ZeRO-3 partitions every parameter: the push gathers them one at a time (`GatheredParameters`), and
   a checkpoint is DeepSpeed's, one file of partitions per rank, read back at the same world size only.
-  A learner's ranks load the weights already partitioned (`engines.load_engine`: transformers'
+  A learner's ranks load the weights already partitioned (`build.load_trainer`: transformers'
   `HfDeepSpeedConfig` puts `from_pretrained` under `deepspeed.zero.Init`), and so the KL reference,
-  which then computes inside an engine of its own.
+  which then computes inside a DeepSpeed engine of its own.
 - First start on CPU JIT-builds a shared-memory communication op (about a minute here; cached in
   ~/.cache/torch_extensions afterwards).
 - Variable micro-batch counts: a GRPO batch's sequences vary in number and length, so DeepSpeed's
@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from coevolve.services.learner.config import GRPOConfig, read_deepspeed_config
-from coevolve.services.learner.engine import Engine
+from coevolve.services.learner.trainer.trainer import Trainer
 from coevolve.services.runtime.ports import free_port
 
 
@@ -62,7 +62,7 @@ def deepspeed_settings(config: GRPOConfig) -> dict:
     return settings
 
 
-class DeepSpeedEngine(Engine):
+class DeepSpeedTrainer(Trainer):
     """DeepSpeed ZeRO (stage 0-3 from the JSON config) around the policy."""
 
     def __init__(self, model: torch.nn.Module, config: GRPOConfig, pad_id: int = 0,
@@ -71,7 +71,7 @@ class DeepSpeedEngine(Engine):
         deepspeed = import_deepspeed(next(model.parameters()).device)
         settings = deepspeed_settings(config)
         if self.reference is not None and any(hasattr(p, "ds_id") for p in self.reference.parameters()):
-            # a partitioned reference computes only inside an engine of its own (no optimizer)
+            # a partitioned reference computes only inside a DeepSpeed engine of its own (no optimizer)
             self.reference = deepspeed.initialize(model=self.reference, config={
                 k: v for k, v in settings.items() if k not in ("optimizer", "scheduler")})[0]
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -105,7 +105,7 @@ class DeepSpeedEngine(Engine):
     def _backward(self, loss: torch.Tensor) -> None:
         self.ds.backward(loss, scale_wrt_gas=False)
 
-    def _optimizer_step(self) -> float:
+    def optimizer_step(self) -> float:
         self.ds.step()
         norm = self.ds.get_global_grad_norm()
         return float(norm) if norm is not None else float("nan")

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from coevolve.services.learner.batch import TrainSequence, micro_batches
-from coevolve.services.learner.grpo import target_logprobs
+from coevolve.services.learner.trainer.batch import TrainSequence, micro_batches
+from coevolve.services.learner.trainer.grpo import target_logprobs
 
 ATTENTION = "coevolve_shared_prefix"
 """The name under which the attention is registered with transformers' AttentionInterface."""

@@ -1,13 +1,13 @@
-"""Prepare a model for GRPO updates and pick the training engine a learner config and the ranks ask for."""
+"""Prepare a model for GRPO updates and pick the trainer a learner config and the ranks ask for."""
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from coevolve.services.learner import packing
+from coevolve.services.learner.trainer import packing
 from coevolve.services.learner.config import GRPOConfig, read_deepspeed_config, zero_stage
-from coevolve.services.learner.engine import Engine, TorchEngine
-from coevolve.services.learner.lora import add_lora
+from coevolve.services.learner.trainer.trainer import Trainer, TorchTrainer
+from coevolve.services.learner.trainer.lora import add_lora
 
 
 def prepare_policy(model: torch.nn.Module, config: GRPOConfig) -> torch.nn.Module:
@@ -26,57 +26,58 @@ def prepare_policy(model: torch.nn.Module, config: GRPOConfig) -> torch.nn.Modul
     return model
 
 
-def build_engine(model: torch.nn.Module, config: GRPOConfig, pad_id: int = 0) -> Engine:
-    """`prepare_policy(model)` in an engine: DeepSpeed when `config.deepspeed_config` names a file; else
+def build_trainer(model: torch.nn.Module, config: GRPOConfig, pad_id: int = 0) -> Trainer:
+    """`prepare_policy(model)` in a trainer: DeepSpeed when `config.deepspeed_config` names a file; else
     FSDP2 in a process group of several ranks, plain torch in one process."""
     model = prepare_policy(model, config)
     if config.deepspeed_config:
-        # Imported here: importing deepspeed picks its accelerator once (deepspeed_engine's docstring).
-        from coevolve.services.learner.deepspeed_engine import DeepSpeedEngine
+        # Imported here: importing deepspeed picks its accelerator once (deepspeed_trainer's docstring).
+        from coevolve.services.learner.trainer.deepspeed_trainer import DeepSpeedTrainer
 
-        return DeepSpeedEngine(model, config, pad_id)
+        return DeepSpeedTrainer(model, config, pad_id)
     if dist.is_initialized() and dist.get_world_size() > 1:
-        from coevolve.services.learner.fsdp_engine import FSDPEngine
+        from coevolve.services.learner.trainer.fsdp_trainer import FSDPTrainer
 
-        return FSDPEngine(model, config, pad_id)
-    return TorchEngine(model, config, pad_id)
+        return FSDPTrainer(model, config, pad_id)
+    return TorchTrainer(model, config, pad_id)
 
 
-def load_engine(model_dir: str, config: GRPOConfig, pad_id: int, seed: int, device: torch.device) -> Engine:
-    """The engine over the weights in `model_dir`, on `device`: what every rank of a learner builds alike
+def load_trainer(model_dir: str, config: GRPOConfig, pad_id: int, seed: int, device: torch.device) -> Trainer:
+    """The trainer over the weights in `model_dir`, on `device`: what every rank of a learner builds alike
     (the same seed before loading, so LoRA's random adapters agree across ranks).
 
     With several ranks no rank holds the whole model on its device: under FSDP2 only rank 0 reads the
     weights, on the CPU, and every rank builds the model on the meta device and takes its shards from
-    rank 0 (`fsdp_engine.take_from_rank0`); under ZeRO-3 every rank loads its partitions only
-    (`_zero3_engine`)."""
+    rank 0 (`fsdp_trainer.take_from_rank0`); under ZeRO-3 every rank loads its partitions only
+    (`_zero3_trainer`)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(seed)
     several = dist.is_initialized() and dist.get_world_size() > 1
     if several and config.deepspeed_config and zero_stage(read_deepspeed_config(config.deepspeed_config)) == 3:
-        return _zero3_engine(model_dir, config, pad_id, device)
+        return _zero3_trainer(model_dir, config, pad_id, device)
     if config.deepspeed_config or not several:
         policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
-        return build_engine(policy, config, pad_id)
-    from coevolve.services.learner.fsdp_engine import FSDPEngine
+        return build_trainer(policy, config, pad_id)
+    from coevolve.services.learner.trainer.fsdp_trainer import FSDPTrainer
 
     source = None
     if dist.get_rank() == 0:
         source = prepare_policy(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), config)
     with torch.device("meta"):
         policy = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=torch.float32)
-    return FSDPEngine(prepare_policy(policy, config), config, pad_id, source=source, device=device)
+    return FSDPTrainer(prepare_policy(policy, config), config, pad_id, source=source, device=device)
 
 
-def _zero3_engine(model_dir: str, config: GRPOConfig, pad_id: int, device: torch.device) -> Engine:
+def _zero3_trainer(model_dir: str, config: GRPOConfig, pad_id: int, device: torch.device) -> Trainer:
     """ZeRO-3 over weights partitioned as they load: while transformers' `HfDeepSpeedConfig` lives,
     `from_pretrained` builds under `deepspeed.zero.Init` and each rank keeps its partitions only. The KL
     reference, when one is needed, is loaded the same way."""
     from transformers import AutoModelForCausalLM
     from transformers.integrations import HfDeepSpeedConfig
 
-    from coevolve.services.learner.deepspeed_engine import DeepSpeedEngine, deepspeed_settings, import_deepspeed
+    from coevolve.services.learner.trainer.deepspeed_trainer import (DeepSpeedTrainer, deepspeed_settings,
+                                                                     import_deepspeed)
 
     import_deepspeed(device)
     partitioning = HfDeepSpeedConfig(deepspeed_settings(config))  # transformers holds it weakly: keep it
@@ -86,6 +87,6 @@ def _zero3_engine(model_dir: str, config: GRPOConfig, pad_id: int, device: torch
         if config.kl_beta > 0 and not config.lora_rank:
             reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
             reference = reference.eval().requires_grad_(False)
-        return DeepSpeedEngine(policy, config, pad_id, reference)
+        return DeepSpeedTrainer(policy, config, pad_id, reference)
     finally:
         del partitioning  # later models (rank 0's rollout backend) load whole again

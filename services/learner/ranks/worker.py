@@ -1,4 +1,4 @@
-"""A training rank other than 0: its shard of the policy, trained as rank 0 commands (ranks.follow).
+"""A training rank other than 0: its shard of the policy, trained as rank 0 commands (`driver.follow`).
 
 It reads no topic and publishes nothing. It ignores SIGTERM and SIGINT: a stop is rank 0's to decide
 at a step boundary, after which rank 0 releases it. It serves its own /metrics and /healthz on the
@@ -15,14 +15,15 @@ import torch.distributed as dist
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from coevolve.services.learner.config import LearnerSettings
-from coevolve.services.learner.engines import load_engine
-from coevolve.services.learner.ranks import Ranks, complete, follow, init_group, share
+from coevolve.services.learner.ranks.driver import follow
+from coevolve.services.learner.ranks.group import Ranks, init_group
+from coevolve.services.learner.ranks.start import start_trainer
 from coevolve.services.runtime.health import serve
 from coevolve.services.runtime.log import get_logger
 
 
 def serve_rank(settings: LearnerSettings, ranks: Ranks) -> None:
-    """Join the group, build the engine over rank 0's starting policy, follow rank 0 until it stops."""
+    """Join the group, build the trainer over rank 0's starting policy, follow rank 0 until it stops."""
     log = get_logger("learner")
     ranks.check(settings.ranks.world_size)
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -32,7 +33,7 @@ def serve_rank(settings: LearnerSettings, ranks: Ranks) -> None:
     phase = Gauge("learner_rank_seconds", "Seconds of this rank's last update, by phase.", ["phase"],
                   registry=registry)
     updates = Counter("learner_rank_updates", "Updates this rank took part in.", registry=registry)
-    state = {"engine": None, "last_command": time.monotonic()}
+    state = {"engine": None, "last_command": time.monotonic()}  # "engine": the /healthz key, kept for its readers
     server = None
     port = settings.learner.metrics_port
     if port >= 0:
@@ -44,10 +45,8 @@ def serve_rank(settings: LearnerSettings, ranks: Ranks) -> None:
         except OSError as exc:
             log.warning("learner.rank_metrics_unavailable", rank=ranks.rank, port=port + ranks.local_rank,
                         reason=str(exc))
-    start = share()  # rank 0's starting policy and pad id, once it has them (Learner.start)
-    engine = load_engine(start["model"], settings.grpo, start["pad_id"], settings.backend.seed, ranks.device())
-    complete()  # rank 0 drives no one before every rank has its engine
-    state["engine"] = type(engine).__name__
+    trainer = start_trainer(ranks, settings.grpo, settings.backend.seed)  # once rank 0 has its starting policy
+    state["engine"] = type(trainer).__name__
 
     def observe(metrics: dict[str, float]) -> None:
         state["last_command"] = time.monotonic()
@@ -55,16 +54,16 @@ def serve_rank(settings: LearnerSettings, ranks: Ranks) -> None:
             phase.labels("push").set(metrics["push_seconds"])
             return
         updates.inc()
-        own = engine.rank_times[ranks.rank]
+        own = trainer.rank_times[ranks.rank]
         for name in ("training", "reduce"):
             phase.labels(name).set(own[name])
 
     log.info("learner.rank_ready", rank=ranks.rank, world_size=ranks.world_size, local_rank=ranks.local_rank,
-             engine=type(engine).__name__, device=str(ranks.device()))
+             engine=type(trainer).__name__, device=str(ranks.device()))
     try:
-        follow(engine, observe)
+        follow(trainer, observe)
     finally:
         if server is not None:
             server.shutdown()
         dist.destroy_process_group()
-    log.info("learner.rank_finished", rank=ranks.rank, updates=engine.updates)
+    log.info("learner.rank_finished", rank=ranks.rank, updates=trainer.updates)

@@ -1,0 +1,75 @@
+"""The learner's task feed: `coevolve.tasks` read from its beginning into the pool's buffer.
+
+It follows the compacted topic in a background thread, with no consumer group (the catalog is rebuilt at
+every start), and only buffers what arrives (`TaskPool.offer`); the pool takes it in between steps
+(`TaskPool.refresh`, sampler.py).
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from coevolve.services.kafka.topics import TASKS
+from coevolve.services.learner.loop.sampler import Origin, TaskPool
+from coevolve.services.runtime.log import get_logger
+
+log = get_logger("learner.sampler")
+
+
+def tasks_consumer(bootstrap: str) -> Callable[[], Any]:
+    """What makes the feed's consumer: `coevolve.tasks` for the learner, with a producer of its own for the
+    dead letters."""
+
+    def consumer() -> Any:
+        from coevolve.services.kafka.consumer import EventConsumer
+        from coevolve.services.kafka.producer import EventProducer
+
+        deadletters = EventProducer(bootstrap, client_id="coevolve-learner-feed")
+        return EventConsumer(bootstrap, [TASKS.name], service="learner", deadletters=deadletters)
+
+    return consumer
+
+class TaskFeed:
+    """A daemon thread reading `coevolve.tasks` from the beginning into `pool.offer`; what is not a
+    `TaskChecked` (or does not decode) goes to the consumer's dead letters, sent by a producer of its own."""
+
+    def __init__(self, make_consumer: Callable[[], Any], pool: TaskPool, poll_s: float = 0.2):
+        self.make_consumer, self.pool, self.poll_s = make_consumer, pool, poll_s
+        self.received = 0
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="learner-task-feed", daemon=True)
+
+    def start(self) -> "TaskFeed":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        consumer, flushed = None, 0
+        try:
+            consumer = self.make_consumer()
+            while not self._stop.is_set():
+                for item in consumer.poll(self.poll_s):
+                    if item.name == "TaskChecked":
+                        self.pool.offer(item.event, Origin(item.topic, item.partition, item.offset, item.key))
+                        self.received += 1
+                    else:
+                        consumer.reject(item, "invalid", f"{item.name} on {item.topic}: the learner takes only "
+                                                         "TaskChecked events from it")
+                if consumer.dead_lettered != flushed and consumer.deadletters is not None:
+                    consumer.deadletters.flush()  # undecodable or foreign events, dead-lettered as read
+                    flushed = consumer.dead_lettered
+        except Exception as exc:  # the learner keeps training on the pool it has; health reports it
+            self.error = f"{type(exc).__name__}: {exc}"
+            log.error("sampler.feed_failed", error=self.error)
+        finally:
+            if consumer is not None:
+                consumer.close()
+                if consumer.deadletters is not None:
+                    consumer.deadletters.close()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)

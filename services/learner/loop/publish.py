@@ -1,0 +1,68 @@
+"""What the learner sends to the broker: a step's records, in the order consumers rely on, and the dead
+letters of the tasks the pool refused.
+
+A step's trajectories go first, confirmed by the broker; then its `PolicyUpdated`, its evaluations
+(held-out, subjects) and its `StepCompleted`. A replayed step sends the records its journal entry holds
+(`replay.py`), the very ones a consumer may already have.
+
+Unloadable tasks. A task whose episode cannot start (BFCL's `InvalidTask`) is refused by the pool when
+it arrives, or dropped when first drawn and replaced by another draw (sampler.py); the learner
+dead-letters an arrival (`task_unloadable` on coevolve.deadletter, the TaskChecked bytes kept), logs
+`learner.task_unloadable`, counts `learner_tasks_unloadable`, and trains on.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from coevolve.services.kafka.topics import DEADLETTER, EVALUATIONS, POLICY, STEPS, TRAJECTORIES
+from coevolve.services.learner.loop import journal
+from coevolve.services.learner.loop.record import StepRecord
+from coevolve.services.learner.loop.sampler import Unloadable
+
+
+def publish_step(producer: Any, run_id: str, path: Path, trajectories: list[dict[str, Any]],
+                 evaluations: list[dict[str, Any] | None], record: StepRecord, published: bool = False,
+                 started: float | None = None, policy_update: dict[str, Any] | None = None) -> StepRecord:
+    """Trajectories first, confirmed; then the policy update, the evaluations (held-out, subjects) and
+    the step record, which is returned.
+
+    A step record not sent before gets its publish time (since `started`: the journal write
+    counts) and is kept in the journal entry at `path` before it is sent, so a replay sends this
+    one; a record `published` before is sent as it is."""
+    started = time.perf_counter() if started is None else started
+    for trajectory in trajectories:
+        producer.send(TRAJECTORIES.name, trajectory, key=trajectory["task_id"])
+    producer.flush()
+    if not published:
+        record = record.published(time.perf_counter() - started)
+        journal.mark_published(path, record)
+    if policy_update is not None:
+        producer.send(POLICY.name, policy_update, key=run_id)
+    for evaluation in evaluations:
+        if evaluation is not None:
+            producer.send(EVALUATIONS.name, evaluation, key=run_id)
+    producer.send(STEPS.name, record.to_event(), key=run_id)
+    producer.flush()
+    return record
+
+
+def publish_evaluation(producer: Any, run_id: str, evaluation: dict[str, Any]) -> None:
+    """An evaluation outside any step (the starting policy's, `steps = 0`), confirmed."""
+    producer.send(EVALUATIONS.name, evaluation, key=run_id)
+    producer.flush()
+
+
+def dead_letter(producer: Any, bad: Unloadable, service: str) -> bool:
+    """Send an unloadable arrival from coevolve.tasks to coevolve.deadletter (`task_unloadable`, the
+    TaskChecked bytes kept), unflushed; False for a seed or restored task, which has no event to send."""
+    from coevolve.services.kafka.consumer import dead_letter as letter
+
+    if bad.origin is None:
+        return False
+    where = bad.origin
+    payload = producer.registry.encode("TaskChecked", bad.record)
+    producer.send(DEADLETTER.name, letter(where.topic, where.partition, where.offset, where.key, payload,
+                                          "task_unloadable", bad.reason, service), key=where.topic)
+    return True
