@@ -35,7 +35,7 @@ def main(ds_file: str, steps: int, micro_batch: int, kl_beta: float) -> None:
     runs = [(plain.update(make_batch(seed=s)), ds.update(make_batch(seed=s))) for s in range(steps)]
     trained = max_diff(weights(plain), weights(ds))
     print(json.dumps({
-        "engine": type(ds).__name__, "stage": ds.ds.zero_optimization_stage(),
+        "trainer": type(ds).__name__, "stage": ds.ds.zero_optimization_stage(),
         "lr": ds.optimizer.param_groups[0]["lr"], "torch": [a for a, _ in runs], "deepspeed": [b for _, b in runs],
         "max_weight_diff": trained, "same_names": set(ds.state_dict()) == set(plain.state_dict()),
         "resumed_weight_diff": resumed_weight_diff(ds, GRPOConfig(**common, deepspeed_config=ds_file), steps),

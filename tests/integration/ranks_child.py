@@ -108,7 +108,7 @@ def main() -> None:
         engine = loaded_engine(args.engine, args.model_dir, config, ranks)
     else:
         engine = engine_for(args.engine, config)
-    out = {"engine": type(engine).__name__, "world": ranks.world_size, "reloaded": None}
+    out = {"trainer": type(engine).__name__, "world": ranks.world_size, "reloaded": None}
     if ranks.driver:  # rank 0 drives, as the learner service does
         driver = Driver(engine)
         out["start"] = driver.state_dict()

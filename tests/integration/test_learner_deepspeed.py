@@ -33,7 +33,7 @@ def train_both(tmp_path, ds_config: dict, steps=4, micro_batch=2, kl_beta=0.05) 
 @pytest.mark.parametrize("stage", [1, 2])
 def test_zero_matches_plain_torch_over_several_steps(tmp_path, stage):
     run = train_both(tmp_path, {"zero_optimization": {"stage": stage}})
-    assert run["engine"] == "DeepSpeedTrainer" and run["stage"] == stage
+    assert run["trainer"] == "DeepSpeedTrainer" and run["stage"] == stage
     for step, (a, b) in enumerate(zip(run["torch"], run["deepspeed"])):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-3, abs=1e-5), step
         assert b["kl"] == pytest.approx(a["kl"], rel=1e-2, abs=1e-6), step

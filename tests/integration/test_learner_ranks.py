@@ -64,7 +64,7 @@ def test_two_ranks_train_what_one_rank_trains(tmp_path, kind, options, zero3, pl
     engine = zero3 if kind == "zero3" else "fsdp"
     reference = plain_torch(*options)
     one, two = train(tmp_path, engine, 1, *options), train(tmp_path, engine, 2, *options)
-    assert one["engine"] == two["engine"] == ("DeepSpeedTrainer" if kind == "zero3" else "FSDPTrainer")
+    assert one["trainer"] == two["trainer"] == ("DeepSpeedTrainer" if kind == "zero3" else "FSDPTrainer")
     assert two["world"] == 2 and len(two["times"]) == 2 and len(one["times"]) == 1
     for run in (one, two):
         # the token-mean over both ranks' tokens, not a mean of per-rank means
@@ -97,7 +97,7 @@ def test_no_rank_loads_the_whole_model_and_the_sharded_reference_agrees(tmp_path
     reference = plain_torch("--kl", "0.1")
     two = train(tmp_path, zero3 if kind == "zero3" else "fsdp", 2, "--kl", "0.1",
                 "--model-dir", str(tmp_path / "model"))
-    assert two["engine"] == ("DeepSpeedTrainer" if kind == "zero3" else "FSDPTrainer") and two["world"] == 2
+    assert two["trainer"] == ("DeepSpeedTrainer" if kind == "zero3" else "FSDPTrainer") and two["world"] == 2
     assert max_diff(two["start"], reference["start"]) == 0.0
     for key in ("loss", "kl", "grad_norm"):
         assert two["metrics"][key] == pytest.approx(reference["metrics"][key], rel=1e-5, abs=1e-9)

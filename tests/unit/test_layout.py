@@ -170,7 +170,7 @@ def test_the_length_check_counts_closures_and_skips_sql(tmp_path):
 
 LEARNER = "coevolve.services.learner"
 TRAINER, RANKS, LOOP = f"{LEARNER}.trainer", f"{LEARNER}.ranks", f"{LEARNER}.loop"
-ENGINE_ENTRY = f"{RANKS}.start"  # the one place every rank's engine is built
+TRAINER_START = f"{RANKS}.start"  # the one place every rank builds its trainer
 TRAINER_ENTRY = f"{TRAINER}.build"  # the trainer room's one door for the ranks
 
 
@@ -181,7 +181,7 @@ def _in(module: str, room: str) -> bool:
 def test_the_learner_is_three_rooms_and_their_shared_config():
     rooms = {m.split(".")[3] for m in MODULES if _in(m, LEARNER) and m != LEARNER}
     assert rooms == {"trainer", "ranks", "loop", "config"}
-    assert {ENGINE_ENTRY, TRAINER_ENTRY, f"{LOOP}.service"} <= set(MODULES)
+    assert {TRAINER_START, TRAINER_ENTRY, f"{LOOP}.service"} <= set(MODULES)
 
 
 def test_the_trainer_knows_nothing_of_the_ranks_or_the_loop():
@@ -190,15 +190,15 @@ def test_the_trainer_knows_nothing_of_the_ranks_or_the_loop():
     assert found == []
 
 
-def test_the_service_builds_its_engine_through_the_one_entry_point():
+def test_the_service_builds_its_trainer_through_the_one_entry_point():
     service = f"{LOOP}.service"
     assert [t for t in GRAPH[service] if _in(t, TRAINER)] == []
-    assert ENGINE_ENTRY in GRAPH[service]
+    assert TRAINER_START in GRAPH[service]
 
 
 def test_the_ranks_reach_the_trainer_only_through_the_entry_point():
     found = [f"{m} imports {t}" for m in MODULES if _in(m, RANKS) for t in GRAPH[m]
-             if _in(t, TRAINER) and (m, t) != (ENGINE_ENTRY, TRAINER_ENTRY)]
+             if _in(t, TRAINER) and (m, t) != (TRAINER_START, TRAINER_ENTRY)]
     assert found == []
 
 

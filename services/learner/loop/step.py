@@ -51,6 +51,7 @@ from coevolve.services.learner.config import GRPOConfig, LearnerConfig
 from coevolve.services.learner.loop.record import StepRecord
 from coevolve.services.learner.loop.results import Group, PhaseTimes, Rollouts, StepOutcome, Update, staleness
 from coevolve.services.learner.loop.sampler import Drawn, TaskPool
+from coevolve.services.learner.ranks.driver import Training
 from coevolve.services.learner.trainer.batch import TrainSequence
 from coevolve.services.learner.trainer.grpo import group_advantages
 
@@ -94,7 +95,7 @@ def policy_event_id(run_id: str, version: int) -> str:
 class StepRunner:
     """Holds the pool, rollout backend and trainer; `run(step)` does one GRPO step."""
 
-    def __init__(self, cfg: LearnerConfig, grpo: GRPOConfig, pool: TaskPool, backend: Backend, trainer: Any,
+    def __init__(self, cfg: LearnerConfig, grpo: GRPOConfig, pool: TaskPool, backend: Backend, trainer: Training,
                  sampling: SamplingConfig, limits: EpisodeLimits, run_id: str, reward: Reward | None = None,
                  env: str | Callable[[], Any] = "bfcl"):
         self.cfg, self.grpo, self.pool, self.backend, self.trainer = cfg, grpo, pool, backend, trainer

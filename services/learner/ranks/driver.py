@@ -16,10 +16,10 @@ batch travels.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -28,8 +28,29 @@ from coevolve.services.learner.ranks.group import complete, release, share
 from coevolve.services.learner.ranks.split import split
 
 
-class Driver:
-    """Rank 0's trainer: each collective method tells the other ranks to join in, then runs here.
+class Training(Protocol):
+    """What the loop asks of the policy it trains: a trainer (`trainer.trainer.Trainer`) on one rank, and
+    `Driver`, which makes each of these a command to every rank, on several."""
+
+    updates: int
+    """Updates taken (one optimizer step each), restored from a checkpoint."""
+    rank_times: list[dict[str, float]]
+    """Each rank's seconds of the last update: training (forward and backward) and reduce (the rest)."""
+
+    def update(self, batch: Sequence[Any]) -> dict[str, float]: ...
+
+    def named_parameters(self) -> Iterator[tuple[str, torch.Tensor]]: ...
+
+    def state_dict(self) -> dict[str, torch.Tensor]: ...
+
+    def save(self, folder: Path) -> None: ...
+
+    def load(self, folder: Path) -> None: ...
+
+
+class Driver(Training):
+    """Rank 0's trainer: each collective method tells the other ranks to join in, then runs here; only the
+    methods of `Training` (and `close`) exist, so every call on a driver is visibly a command.
 
     A failure inside one leaves the ranks at different points of a collective: the driver is then
     `broken`, refuses further commands (a checkpoint among them) and releases no one; rank 0 exits with
@@ -40,8 +61,9 @@ class Driver:
         self.shared = split(trainer)  # its updates, shared by the ranks
         self.broken = False
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.trainer, name)
+    @property
+    def rank_times(self) -> list[dict[str, float]]:
+        return self.trainer.rank_times
 
     @property
     def updates(self) -> int:

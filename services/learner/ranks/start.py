@@ -9,12 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 from coevolve.services.learner.config import GRPOConfig
-from coevolve.services.learner.ranks.driver import Driver
+from coevolve.services.learner.ranks.driver import Driver, Training
 from coevolve.services.learner.ranks.group import Ranks, complete, share
 from coevolve.services.learner.trainer.build import load_trainer
 
 
-def start_trainer(ranks: Ranks, grpo: GRPOConfig, seed: int, policy: dict[str, Any] | None = None) -> Any:
+def start_trainer(ranks: Ranks, grpo: GRPOConfig, seed: int, policy: dict[str, Any] | None = None) -> Training:
     """This rank's trainer over rank 0's starting `policy` ({"model": folder, "pad_id": id}; None on the
     other ranks, which receive rank 0's), on the rank's GPU where there is one. With one rank the trainer
     itself; with several, rank 0 gets the `Driver` of the others and every other rank its own trainer,

@@ -33,20 +33,20 @@ def serve_rank(settings: LearnerSettings, ranks: Ranks) -> None:
     phase = Gauge("learner_rank_seconds", "Seconds of this rank's last update, by phase.", ["phase"],
                   registry=registry)
     updates = Counter("learner_rank_updates", "Updates this rank took part in.", registry=registry)
-    state = {"engine": None, "last_command": time.monotonic()}  # "engine": the /healthz key, kept for its readers
+    state = {"trainer": None, "last_command": time.monotonic()}
     server = None
     port = settings.learner.metrics_port
     if port >= 0:
         try:
             server = serve(port + ranks.local_rank if port else 0, registry,
-                           lambda: (True, {"rank": ranks.rank, "engine": state["engine"],
+                           lambda: (True, {"rank": ranks.rank, "trainer": state["trainer"],
                                            "since_command_s": round(time.monotonic() - state["last_command"], 1)}),
                            settings.learner.metrics_host)
         except OSError as exc:
             log.warning("learner.rank_metrics_unavailable", rank=ranks.rank, port=port + ranks.local_rank,
                         reason=str(exc))
     trainer = start_trainer(ranks, settings.grpo, settings.backend.seed)  # once rank 0 has its starting policy
-    state["engine"] = type(trainer).__name__
+    state["trainer"] = type(trainer).__name__
 
     def observe(metrics: dict[str, float]) -> None:
         state["last_command"] = time.monotonic()
@@ -59,7 +59,7 @@ def serve_rank(settings: LearnerSettings, ranks: Ranks) -> None:
             phase.labels(name).set(own[name])
 
     log.info("learner.rank_ready", rank=ranks.rank, world_size=ranks.world_size, local_rank=ranks.local_rank,
-             engine=type(trainer).__name__, device=str(ranks.device()))
+             trainer=type(trainer).__name__, device=str(ranks.device()))
     try:
         follow(trainer, observe)
     finally:
