@@ -2,16 +2,14 @@
 stops gracefully on SIGTERM/SIGINT, and offsets committed only after the work is stored or published.
 
     @dataclass(frozen=True)
-    class EchoConfig:                        # one frozen dataclass; `runtime.config.load` layers env vars
-        kafka_bootstrap: str = doc("127.0.0.1:9092", "Kafka bootstrap address HOST:PORT.")
-        metrics_host: str = doc("127.0.0.1", "Address of /healthz and /metrics.")
-        metrics_port: int = doc(-1, "Port of /healthz and /metrics; 0 picks one, -1 disables.")
+    class EchoConfig(ServiceConfig):         # the broker and /healthz, /metrics fields come with it;
+        topic: str = doc("coevolve.signals", "What it reads.")  # `runtime.config.load` layers env vars
 
     class Echo(Service):
         name = "echo"                        # logs "echo.started", metrics echo_events_total, ...
 
         def start(self):                     # open clients once the health server is up
-            self.consumer = EventConsumer(self.cfg.kafka_bootstrap, ["coevolve.signals"], group_id="echo")
+            self.consumer = EventConsumer(self.cfg.kafka_bootstrap, [self.cfg.topic], group_id="echo")
 
         def step(self):                      # one poll; return when there is nothing to do
             items = self.consumer.poll(0.2)
