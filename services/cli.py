@@ -156,14 +156,19 @@ def deadletters_list(bootstrap: Optional[str] = BootstrapOpt,
 @deadletters_app.command("replay")
 def deadletters_replay(reason: str = typer.Option(..., "--reason", help="The error type to replay (as listed)."),
                        service: Optional[str] = typer.Option(None, help="Only letters from this service."),
+                       topic: Optional[str] = typer.Option(None, help="Only letters of this source topic; "
+                                                           "coevolve.tasks is replayed only when named here."),
                        bootstrap: Optional[str] = BootstrapOpt) -> None:
-    """Re-publish the original bytes of matching letters to their source topics, each once."""
+    """Re-publish the original bytes of matching letters to their source topics, each once; a letter whose
+    payload does not belong on its topic is held back with the reason."""
     from coevolve.services.kafka.deadletters import replay
 
-    sent = replay(_require(bootstrap), reason, service)
-    topics = sorted({str(letter["source_topic"]) for letter in sent})
-    print(f"replayed {len(sent)} dead letter(s) of {reason}" + (f" from {service}" if service else "") +
+    done = replay(_require(bootstrap), reason, service, topic)
+    topics = sorted({str(letter["source_topic"]) for letter in done.sent})
+    print(f"replayed {len(done.sent)} dead letter(s) of {reason}" + (f" from {service}" if service else "") +
           (f" to {', '.join(topics)}" if topics else ""))
+    for letter, why in done.held:
+        print(f"held back {letter['event_id']} ({letter['service']}, {letter['source_topic']}): {why}")
 
 
 @app.command()

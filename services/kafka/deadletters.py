@@ -7,6 +7,14 @@ in a consumer group of its own per filter (`coevolve-deadletters-replay.<reason>
 commits after the broker confirmed every re-publication: a second replay with the same filter sends
 only the letters that arrived since, and one interrupted before its commit sends the same bytes again,
 which the consumers absorb as any redelivery.
+
+A letter's fields are written by whichever service rejected the input, so none is trusted as a target: a
+letter is replayed only when its payload decodes to the record type its source topic carries (a forged
+letter cannot move an exploration onto the signal topic). `coevolve.tasks` is what the learner trains on
+and only the validator writes it: its letters are held back unless the operator names the topic
+(`--topic coevolve.tasks`) and the letter came from the validator's own read of it. The learner rereads
+`coevolve.tasks` from its beginning at every start, so its letters on that topic need a restart, not a
+replay. Held letters are reported with the reason and their offsets committed like the others.
 """
 from __future__ import annotations
 
@@ -16,9 +24,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+from coevolve.schemas import DecodeError, default_registry
 from coevolve.services.kafka.consumer import Delivered, EventConsumer
 from coevolve.services.kafka.producer import EventProducer
-from coevolve.services.kafka.topics import DEADLETTER
+from coevolve.services.kafka.topics import CATALOG, DEADLETTER, TASKS
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -77,18 +86,51 @@ def summarize(letters: list[dict], examples: int = 3) -> Summary:
     return out
 
 
-def replay_group(error_type: str, service: str | None) -> str:
-    return f"coevolve-deadletters-replay.{error_type}.{service or 'any'}"
+# The validator's readers of coevolve.tasks: the only letters that may go back onto it.
+TASK_WRITERS = ("validator", "validator-catalog")
 
 
-def _matches(letter: dict, error_type: str, service: str | None) -> bool:
-    return letter["error_type"] == error_type and (service is None or letter["service"] == service)
+def replay_group(error_type: str, service: str | None, topic: str | None = None) -> str:
+    return f"coevolve-deadletters-replay.{error_type}.{service or 'any'}" + (f".{topic}" if topic else "")
 
 
-def replay(bootstrap: str, error_type: str, service: str | None = None, join_timeout_s: float = 60.0) -> list[dict]:
-    """Re-publish every not yet replayed letter of `error_type` (from `service`) to its source topic; the
-    letters sent."""
-    consumer = EventConsumer(bootstrap, [DEADLETTER.name], group_id=replay_group(error_type, service),
+def _matches(letter: dict, error_type: str, service: str | None, topic: str | None) -> bool:
+    return (letter["error_type"] == error_type and (service is None or letter["service"] == service)
+            and (topic is None or letter["source_topic"] == topic))
+
+
+def held_back(letter: dict, topic: str | None) -> str | None:
+    """Why the letter may not be replayed to its source topic, or None when it may (`topic`: the topic the
+    operator named)."""
+    target = str(letter["source_topic"])
+    carried = CATALOG.get(target)
+    if carried is None or carried is DEADLETTER:
+        return f"{target!r} is not a topic a replay writes (the catalog's event topics: {', '.join(CATALOG)})"
+    try:
+        name, _ = default_registry().decode(bytes(letter["payload"]))
+    except DecodeError as exc:
+        return f"its payload does not decode ({exc}); a replay would only be dead-lettered again"
+    if name != carried.event:
+        return f"its payload is {name}, and {target} carries {carried.event} only"
+    if target == TASKS.name and (topic != TASKS.name or letter["service"] not in TASK_WRITERS):
+        return (f"{TASKS.name} is the validator's output: replayed only from the validator's own read of it, "
+                f"and only with --topic {TASKS.name} (the learner rereads it at every start: restart it instead)")
+    return None
+
+
+@dataclass
+class Replayed:
+    """The letters a replay sent, and those it held back with the reason."""
+
+    sent: list[dict] = field(default_factory=list)
+    held: list[tuple[dict, str]] = field(default_factory=list)
+
+
+def replay(bootstrap: str, error_type: str, service: str | None = None, topic: str | None = None,
+           join_timeout_s: float = 60.0) -> Replayed:
+    """Re-publish every not yet replayed letter of `error_type` (from `service`, of `topic`) whose payload
+    belongs on its source topic (`held_back`) to that topic."""
+    consumer = EventConsumer(bootstrap, [DEADLETTER.name], group_id=replay_group(error_type, service, topic),
                              service="deadletters-replay")
     producer = EventProducer(bootstrap, client_id="coevolve-deadletters-replay")
     try:
@@ -101,15 +143,21 @@ def replay(bootstrap: str, error_type: str, service: str | None = None, join_tim
             taken += consumer.poll(0.5)
         taken += consumer.read_to_end()
         chosen = list({str(i.event["event_id"]): i.event for i in taken
-                       if i.name == "DeadLettered" and _matches(i.event, error_type, service)}.values())
+                       if i.name == "DeadLettered" and _matches(i.event, error_type, service, topic)}.values())
+        out = Replayed()
         for letter in chosen:
+            why = held_back(letter, topic)
+            if why is not None:
+                out.held.append((letter, why))
+                continue
             producer.send_raw(str(letter["source_topic"]), bytes(letter["payload"]), letter["key"],
                               str(letter["event_id"]))
+            out.sent.append(letter)
         producer.flush()
         if not consumer.commit():
             raise RuntimeError("the replay's offsets were not committed (its group rebalanced); run it again: "
                                "the letters it sent are absorbed as redeliveries")
-        return chosen
+        return out
     finally:
         consumer.close()
         producer.close()

@@ -1,5 +1,6 @@
 """Dead letters on the real broker: one per bad input however often it is delivered, listed by service
-and reason, replayed once to their source topic; a commit the group refuses does not end a consumer."""
+and reason, replayed once to their source topic when the payload belongs there (a forged letter never
+reaches coevolve.tasks); a commit the group refuses does not end a consumer."""
 import time
 
 import pytest
@@ -8,23 +9,25 @@ from typer.testing import CliRunner
 
 from coevolve.schemas import default_registry
 from coevolve.services.cli import app
-from coevolve.services.kafka.consumer import EventConsumer
+from coevolve.services.kafka.consumer import EventConsumer, dead_letter
 from coevolve.services.kafka.deadletters import read_letters, replay, summarize
 from coevolve.services.kafka.producer import EventProducer
-from coevolve.services.kafka.topics import DEADLETTER, SIGNALS, STEPS
+from coevolve.services.kafka.topics import DEADLETTER, SIGNALS, STEPS, TASKS
 from tests.cli_output import plain
-from tests.events import read_topic
+from tests.events import read_topic, sample_events
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def _consume_twice(bootstrap: str, topic: str) -> None:
-    """Two consumers of one service read the same bad messages (a redelivery) and dead-letter them."""
+    """Two consumers of one service read the same messages (a redelivery): they dead-letter the ones that do not
+    decode and reject every StepCompleted as `invalid`."""
     for _ in range(2):
         with EventProducer(bootstrap) as letters:
             consumer = EventConsumer(bootstrap, [topic], service="explorer", deadletters=letters)
             try:
-                consumer.read_to_end()
+                for item in consumer.read_to_end():
+                    consumer.reject(item, "invalid", "rejected by the test")
             finally:
                 consumer.close()
 
@@ -35,33 +38,51 @@ def test_a_redelivered_bad_input_is_one_letter_listed_and_replayed_once(bootstra
     with EventProducer(bootstrap) as producer:
         producer.send_raw(STEPS.name, b"\xc3\x01garbage", b"r", "bad")
         producer.send_raw(STEPS.name, good[:5], b"r", "cut")
+        producer.send_raw(STEPS.name, good, b"r", "s1")
     _consume_twice(bootstrap, STEPS.name)
     letters = read_letters(bootstrap)
     ids = [i.event["event_id"] for i in read_topic(bootstrap, DEADLETTER.name)]
-    assert len(ids) == 4 and len(set(ids)) == 2 and len(letters) == 2  # four deliveries, two letters
+    assert len(ids) == 6 and len(set(ids)) == 3 and len(letters) == 3  # six deliveries, three letters
     summary = summarize(letters)
-    assert sum(summary.counts.values()) == 2 and all(service == "explorer" for service, _ in summary.counts)
+    assert sum(summary.counts.values()) == 3 and all(service == "explorer" for service, _ in summary.counts)
     listed = plain(CliRunner().invoke(app, ["deadletters", "list", "--bootstrap", bootstrap]).output)
-    assert "explorer" in listed and "coevolve.steps:0@0" in listed and "coevolve.steps:0@1" in listed
+    assert all(f"coevolve.steps:0@{offset}" in listed for offset in range(3)) and "explorer" in listed
     future = CliRunner().invoke(app, ["deadletters", "list", "--bootstrap", bootstrap, "--since", "2999-01-01"])
     assert "no dead letters since 2999-01-01" in plain(future.output)
-    reason = letters[0]["error_type"]
-    sent = replay(bootstrap, reason, "explorer")
-    assert sorted(s["event_id"] for s in sent) == sorted(s["event_id"] for s in letters if s["error_type"] == reason)
-    again = CliRunner().invoke(app, ["deadletters", "replay", "--reason", reason, "--service", "explorer",
+    malformed = replay(bootstrap, "malformed", "explorer")  # bytes that would only be dead-lettered again
+    assert not malformed.sent and len(malformed.held) == 2
+    assert all(why.startswith("its payload does not decode") for _, why in malformed.held)
+    done = replay(bootstrap, "invalid", "explorer")
+    assert [s["event_id"] for s in done.sent] == [s["event_id"] for s in letters if s["error_type"] == "invalid"]
+    again = CliRunner().invoke(app, ["deadletters", "replay", "--reason", "invalid", "--service", "explorer",
                                      "--bootstrap", bootstrap])
     assert again.exit_code == 0 and "replayed 0 dead letter(s)" in plain(again.output)
-    raw = _raw(bootstrap, STEPS.name, expected=2 + len(sent))
-    for letter in sent:  # the original message and exactly one replay of its bytes
-        assert raw.count(letter["payload"]) == 2
+    raw = _raw(bootstrap, STEPS.name, expected=4)
+    assert raw.count(good) == 2 and raw.count(b"\xc3\x01garbage") == 1  # the original and one replay
 
 
-def _raw(bootstrap: str, topic: str, expected: int) -> list[bytes]:
+def test_a_forged_letter_does_not_reach_the_task_stream_and_the_validators_own_goes_back_when_named(bootstrap):
+    verdict = default_registry().encode("TaskChecked", sample_events()["TaskChecked"])
+    forged = dead_letter(TASKS.name, 0, 0, b"t", verdict, "invalid", "forged", "explorer")
+    own = dead_letter(TASKS.name, 0, 1, b"t", verdict, "invalid", "catalog", "validator-catalog")
+    with EventProducer(bootstrap) as producer:
+        for letter in (forged, own):
+            producer.send(DEADLETTER.name, letter, key=TASKS.name)
+    unnamed = CliRunner().invoke(app, ["deadletters", "replay", "--reason", "invalid", "--bootstrap", bootstrap])
+    assert unnamed.exit_code == 0 and "replayed 0 dead letter(s)" in plain(unnamed.output)
+    assert plain(unnamed.output).count("held back") == 2
+    named = replay(bootstrap, "invalid", topic=TASKS.name)
+    assert [s["event_id"] for s in named.sent] == [own["event_id"]]
+    assert [letter["event_id"] for letter, _ in named.held] == [forged["event_id"]]
+    assert _raw(bootstrap, TASKS.name, expected=1, partitions=TASKS.partitions) == [verdict]
+
+
+def _raw(bootstrap: str, topic: str, expected: int, partitions: int = 1) -> list[bytes]:
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     try:
-        part = TopicPartition(topic, 0)
-        consumer.assign([part])
-        consumer.seek_to_beginning(part)
+        parts = [TopicPartition(topic, p) for p in range(partitions)]
+        consumer.assign(parts)
+        consumer.seek_to_beginning(*parts)
         out: list[bytes] = []
         deadline = time.monotonic() + 20
         while len(out) < expected and time.monotonic() < deadline:
