@@ -92,7 +92,7 @@ class Archiver(Service):
 
     def start(self) -> None:
         cfg = self.cfg
-        self.deadletters = EventProducer(cfg.kafka_bootstrap, client_id="coevolve-archiver")
+        self.deadletters = EventProducer(cfg.kafka_bootstrap, client_id="coevolve-archiver", service="archiver")
         self.consumer = EventConsumer(cfg.kafka_bootstrap, cfg.topic_list, group_id=cfg.group(self.name),
                                       service="archiver", deadletters=self.deadletters, registry=self.schemas)
         log.info("archiver.started", bootstrap=cfg.kafka_bootstrap, archive=redact_url(cfg.url), topics=cfg.topic_list)

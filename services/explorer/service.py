@@ -84,7 +84,7 @@ class Explorer(Service):
         self.catalog_reader = EventConsumer(cfg.kafka_bootstrap, [TASKS.name], service="explorer-catalog")
         self.catalog = TaskCatalog(self.catalog_reader)
         self.catalog.refresh()
-        self.producer = EventProducer(cfg.kafka_bootstrap, client_id="coevolve-explorer")
+        self.producer = EventProducer(cfg.kafka_bootstrap, client_id="coevolve-explorer", service="explorer")
         self.consumer = EventConsumer(cfg.kafka_bootstrap, [SIGNALS.name, STEPS.name], group_id=cfg.group(self.name),
                                       service="explorer", deadletters=self.producer)
         self.log.info("explorer.started", bootstrap=cfg.kafka_bootstrap, strategy=self.core.strategy,

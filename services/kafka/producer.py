@@ -14,7 +14,7 @@ from kafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 
 from coevolve.schemas import SchemaRegistry, default_registry
 from coevolve.services.kafka.security import KafkaSecurity
-from coevolve.services.kafka.topics import CATALOG
+from coevolve.services.kafka.topics import CATALOG, check_write
 from coevolve.services.runtime.log import get_logger
 
 log = get_logger("producer")
@@ -39,12 +39,13 @@ class _Pending:
 
 
 class EventProducer:
-    """Encode events with the schema registry and send them, tracking every delivery."""
+    """Encode events with the schema registry and send them, tracking every delivery. A producer made for a
+    `service` sends only to the topics of its row of `topics.WRITES` (operator tools and tests name none)."""
 
     def __init__(self, bootstrap: str, client_id: str = "coevolve", delivery_timeout_s: float = 30.0,
                  registry: SchemaRegistry | None = None, linger_ms: int = 5,
-                 security: KafkaSecurity | None = None):
-        self.bootstrap = bootstrap
+                 security: KafkaSecurity | None = None, service: str | None = None):
+        self.bootstrap, self.service = bootstrap, service
         self.registry = registry or default_registry()
         self.delivery_timeout_s = delivery_timeout_s
         timeout_ms = int(delivery_timeout_s * 1000)
@@ -71,6 +72,8 @@ class EventProducer:
 
     def send_raw(self, topic: str, payload: bytes, key: str | bytes | None, event_id: str) -> None:
         """Queue already-encoded bytes (dead letters, replays)."""
+        if self.service is not None:
+            check_write(self.service, topic)
         key_bytes = key.encode() if isinstance(key, str) else key
         try:
             future = self._producer.send(topic, value=payload, key=key_bytes)

@@ -36,6 +36,28 @@ POLICY = Topic("coevolve.policy", "PolicyUpdated", "run_id", 1, KEEP_FOREVER)
 CATALOG: dict[str, Topic] = {t.name: t for t in (TRAJECTORIES, STEPS, SIGNALS, EXPLORATIONS, TASKS, EVALUATIONS,
                                                          POLICY, DEADLETTER)}
 
+# What each service's code writes, the one table its producers and the production ACLs both read: a
+# producer made for a service refuses any other topic (`EventProducer(..., service=...)`, the signal
+# workers' `Emitter`), and tests/manifests/test_k8s_acls.py checks that each KafkaUser may write exactly these.
+WRITES: dict[str, frozenset[str]] = {
+    "learner": frozenset({TRAJECTORIES.name, STEPS.name, EVALUATIONS.name, POLICY.name, DEADLETTER.name}),
+    "streams-worker": frozenset({SIGNALS.name, DEADLETTER.name}),
+    "explorer": frozenset({EXPLORATIONS.name, DEADLETTER.name}),
+    "validator": frozenset({TASKS.name, DEADLETTER.name}),
+    "archiver": frozenset({DEADLETTER.name}),
+}
+
+
+class NotWritable(ValueError):
+    """A service's code sent to a topic its row of WRITES (and so its production KafkaUser) does not name."""
+
+
+def check_write(service: str, topic: str) -> None:
+    if topic not in WRITES[service]:
+        raise NotWritable(f"the {service} wrote {topic}, which its Kafka user may not write in production; add "
+                          f"the topic to its row of WRITES (services/kafka/topics.py) and to its KafkaUser "
+                          f"(k8s/overlays/production/kafka-users.yaml), or send it elsewhere")
+
 
 def create_topics(bootstrap: str, topics: list[Topic] | None = None,
                   replication_factor: int = 1, security: KafkaSecurity | None = None) -> list[str]:

@@ -83,7 +83,7 @@ class Validator(Service):
         self.index = NoveltyIndex(load_tasks(split="all"), self.core.similarity_threshold)
         known = self._load_catalog()
         self.backend = make_backend(self.backend_cfg)
-        self.producer = EventProducer(cfg.kafka_bootstrap, client_id="coevolve-validator")
+        self.producer = EventProducer(cfg.kafka_bootstrap, client_id="coevolve-validator", service="validator")
         self.consumer = EventConsumer(cfg.kafka_bootstrap, [EXPLORATIONS.name], group_id=cfg.group(self.name),
                                       service="validator", deadletters=self.producer)
         self.log.info("validator.started", bootstrap=cfg.kafka_bootstrap, validation=self.core.validation,

@@ -26,7 +26,7 @@ from coevolve.schemas import DecodeError, default_registry
 from coevolve.services.kafka.consumer import dead_letter
 from coevolve.services.kafka.security import KafkaSecurity
 from coevolve.services.kafka.settings import FAUST_GROUP_TIMEOUTS_S
-from coevolve.services.kafka.topics import DEADLETTER, SIGNALS, STEPS, TRAJECTORIES, Topic
+from coevolve.services.kafka.topics import DEADLETTER, SIGNALS, STEPS, TRAJECTORIES, Topic, check_write
 from coevolve.streams import rules
 from coevolve.streams.worker.attempts import AttemptBatch, step_key
 from coevolve.streams.worker.config import StreamsConfig
@@ -124,6 +124,8 @@ def build_app(cfg: StreamsConfig, metrics: Metrics) -> faust.App:
               "steps": app.topic(STEPS.name, **raw), "markers": app.topic(names["markers"].name, **raw),
               "counts": app.topic(names["counts"].name, **raw), "signals": app.topic(SIGNALS.name, **raw),
               "deadletters": app.topic(DEADLETTER.name, **raw)}
+    for sink in (SIGNALS, DEADLETTER):  # the catalog topics the workers write (topics.WRITES)
+        check_write("streams-worker", sink.name)
     as_json = faust.Schema(key_type=str, key_serializer="json", value_serializer="json")
     tables = {name: app.Table(name, partitions=PARTITIONS, schema=as_json)
               for name in ("task_to_attempts", "step_to_counts", "partition_to_markers")}

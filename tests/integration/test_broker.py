@@ -15,7 +15,7 @@ from coevolve.services.kafka.consumer import EventConsumer
 from coevolve.services.runtime.ports import free_port
 from coevolve.services.kafka.offsets import true_end_offsets
 from coevolve.services.kafka.producer import DeliveryError, EventProducer
-from coevolve.services.kafka.topics import CATALOG, DEADLETTER, create_topics
+from coevolve.services.kafka.topics import CATALOG, DEADLETTER, SIGNALS, STEPS, WRITES, NotWritable, create_topics
 from tests.events import sample_events
 
 pytestmark = pytest.mark.integration
@@ -191,3 +191,14 @@ def test_true_end_offsets_count_every_record_of_a_partitions_last_batch(broker):
     assert true_end_offsets(broker.bootstrap, reported) == {tps[0]: 15, tps[1]: 0}
     assert true_end_offsets(broker.bootstrap, {tps[0]: 15}) == {tps[0]: 15}, "a correct end stays as it is"
     assert true_end_offsets(broker.bootstrap, {tps[0]: 100}, timeout_s=1) == {tps[0]: 100}, "never lowered"
+
+
+def test_a_services_producer_writes_its_row_of_writes_and_refuses_every_other_topic(bootstrap):
+    events = sample_events()
+    with EventProducer(bootstrap, service="learner") as producer:
+        producer.send(STEPS.name, events["StepCompleted"], key="r1")
+        with pytest.raises(NotWritable, match="the learner wrote coevolve.signals.*kafka-users.yaml"):
+            producer.send(SIGNALS.name, events["SignalRaised"], key="t")
+    assert producer.sent == 1  # confirmed at the flush on leaving the block
+    assert [i.name for i in EventConsumer(bootstrap, [SIGNALS.name], service="t").read_to_end()] == []
+    assert all(DEADLETTER.name in topics for topics in WRITES.values())  # every service dead-letters its bad input

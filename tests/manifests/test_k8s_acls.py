@@ -5,8 +5,8 @@ import os
 import pytest
 
 from coevolve.services.kafka.security import KafkaSecurity
-from coevolve.services.kafka.topics import (CATALOG, DEADLETTER, EVALUATIONS, EXPLORATIONS, POLICY, SIGNALS, STEPS,
-                                            TASKS, TRAJECTORIES)
+from coevolve.services.kafka.topics import (CATALOG, DEADLETTER, EVALUATIONS, EXPLORATIONS, SIGNALS, STEPS, TASKS,
+                                            TRAJECTORIES, WRITES)
 from coevolve.services.runtime.config import load
 from tests.kustomize import (KAFKA_USER_STANDIN, KUBECTL, coevolve_argv, command_of, container_env, containers,
                              find, loaded_configs, render, with_mounted_files)
@@ -14,13 +14,8 @@ from tests.kustomize import (KAFKA_USER_STANDIN, KUBECTL, coevolve_argv, command
 pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl (with kustomize) is not installed")
 PRODUCTION = "k8s/overlays/production"
 CLUSTER_CA = ("coevolve-cluster-ca-cert", "ca.crt")  # Strimzi's Secret of the cluster CA, and its key
-# What each client writes, by design (docs/deploy.md, "Kafka users and ACLs"); what it reads and its
-# group are read off its config below.
-WRITES = {"learner": {TRAJECTORIES.name, STEPS.name, EVALUATIONS.name, POLICY.name},
-          "streams-worker": {SIGNALS.name, DEADLETTER.name},
-          "explorer": {EXPLORATIONS.name, DEADLETTER.name},
-          "validator": {TASKS.name, DEADLETTER.name},
-          "archiver": {DEADLETTER.name}}
+# What each client writes is the table its producers enforce (topics.WRITES); what it reads and its group
+# are read off its config below.
 READS = {"learner": {TASKS.name}, "streams-worker": {TRAJECTORIES.name, STEPS.name},
          "explorer": {SIGNALS.name, STEPS.name, TASKS.name}, "validator": {EXPLORATIONS.name, TASKS.name}}
 
@@ -92,7 +87,7 @@ def test_only_the_validator_writes_tasks_and_only_the_learner_its_events(docs):
         assert writers(docs, topic) == {"learner"}, topic
     assert writers(docs, SIGNALS.name) == {"streams-worker"}
     assert writers(docs, EXPLORATIONS.name) == {"explorer"}
-    assert writers(docs, DEADLETTER.name) == {"streams-worker", "explorer", "validator", "archiver"}
+    assert writers(docs, DEADLETTER.name) == {"learner", "streams-worker", "explorer", "validator", "archiver"}
 
 
 def test_the_signal_workers_alone_own_their_internal_topics_and_group(docs):

@@ -25,7 +25,7 @@ def tasks_consumer(bootstrap: str) -> Callable[[], Any]:
         from coevolve.services.kafka.consumer import EventConsumer
         from coevolve.services.kafka.producer import EventProducer
 
-        deadletters = EventProducer(bootstrap, client_id="coevolve-learner-feed")
+        deadletters = EventProducer(bootstrap, client_id="coevolve-learner-feed", service="learner")
         return EventConsumer(bootstrap, [TASKS.name], service="learner", deadletters=deadletters)
 
     return consumer

@@ -105,7 +105,7 @@ class Learner(Service):
             ckpt.restore_trainer(self.trainer, self.resumed)
             self.pool.restore(self.resumed.sampler)
             self.pool_state = self.resumed.sampler
-        self.producer = EventProducer(self.cfg.kafka_bootstrap, client_id="coevolve-learner")
+        self.producer = EventProducer(self.cfg.kafka_bootstrap, client_id="coevolve-learner", service="learner")
         version = self._replay()
         if self.done:  # the backend serves the starting weights; a resumed run has moved on
             self.backend.update_weights(self.trainer.named_parameters(), version=version)
