@@ -54,6 +54,20 @@ def publish_evaluation(producer: Any, run_id: str, evaluation: dict[str, Any]) -
     producer.flush()
 
 
+def report_unloadable(pool: Any, producer: Any, telemetry: Any, log: Any, service: str) -> None:
+    """Dead-letter (an arrival from coevolve.tasks), log and count each task the pool refused or dropped."""
+    with pool.guard:
+        unloadable = pool.take_unloadable()
+    sent = False
+    for bad in unloadable:
+        telemetry.unloadable.inc()
+        log.warning("learner.task_unloadable", task_id=bad.task_id, reason=bad.reason,
+                    dead_lettered=bad.origin is not None)
+        sent = dead_letter(producer, bad, service) or sent
+    if sent:
+        producer.flush()
+
+
 def dead_letter(producer: Any, bad: Unloadable, service: str) -> bool:
     """Send an unloadable arrival from coevolve.tasks to coevolve.deadletter (`task_unloadable`, the
     TaskChecked bytes kept), unflushed; False for a seed or restored task, which has no event to send."""

@@ -7,7 +7,8 @@ the update trained on, the records to publish, the pool's state after the step),
 (`publish.py`) every trajectory, the `PolicyUpdated` of its push if any, the `EvaluationCompleted`s if
 any, and the `StepCompleted`, each batch confirmed by the broker before the next, and checkpoint every
 `checkpoint_every` steps; a checkpoint prunes the journal up to its step. A SIGTERM or SIGINT stops the
-loop at the next step boundary; `finish()` checkpoints the last completed step.
+loop at the next step boundary; `finish()` checkpoints the last completed step, unless a step failed
+after its update (the weights are no longer that step's: a resume replays the journal instead).
 
 Resuming. `--resume` continues the run in the workdir (`replay.resolve_run`): it restores the latest
 checkpoint, replays the journal's entries after it without rollouts (`replay.py`), pushes the weights to
@@ -31,7 +32,7 @@ from coevolve.services.learner.loop import checkpoint as ckpt
 from coevolve.services.learner.loop import journal
 from coevolve.services.learner.loop.evaluation import due, evaluate, evaluate_subjects
 from coevolve.services.learner.loop.feed import TaskFeed, tasks_consumer
-from coevolve.services.learner.loop.publish import dead_letter, publish_evaluation, publish_step
+from coevolve.services.learner.loop.publish import publish_evaluation, publish_step, report_unloadable
 from coevolve.services.learner.loop.replay import replay, resolve_run
 from coevolve.services.learner.loop.results import StepOutcome
 from coevolve.services.learner.loop.sampler import TaskPool
@@ -75,6 +76,7 @@ class Learner(Service):
                               "continues at the world size that wrote it)")
         self.done = self.resumed.step if self.resumed else 0
         self.checkpointed = self.done
+        self.updates_done = 0  # the trainer's updates when step `done` completed (`finish` compares)
         self.pool_state: dict[str, Any] | None = None  # the pool after the last completed step
         self.backend = self.trainer = self.pool = self.feed = self.producer = self.runner = None
         self.started = time.monotonic()
@@ -107,6 +109,7 @@ class Learner(Service):
             self.pool_state = self.resumed.sampler
         self.producer = EventProducer(self.cfg.kafka_bootstrap, client_id="coevolve-learner", service="learner")
         version = self._replay()
+        self.updates_done = self.trainer.updates
         if self.done:  # the backend serves the starting weights; a resumed run has moved on
             self.backend.update_weights(self.trainer.named_parameters(), version=version)
             self.telemetry.version.set(version)
@@ -238,6 +241,7 @@ class Learner(Service):
         record = publish_step(self.producer, self.run_id, path, result.trajectories, [evaluation, subjects], record,
                               started=started, policy_update=result.policy_update)
         self.done, self.last, self.pool_state = step, dataclasses.replace(result, record=record), sampler
+        self.updates_done = self.trainer.updates
         self.blocked += record.blocked_seconds
         if result.policy_update is not None:
             self.telemetry.pushed(result.policy_update)
@@ -250,17 +254,7 @@ class Learner(Service):
             self.stop()
 
     def _report_unloadable(self) -> None:
-        """Dead-letter (an arrival from coevolve.tasks), log and count each task the pool refused or dropped."""
-        sent = False
-        with self.pool.guard:
-            unloadable = self.pool.take_unloadable()
-        for bad in unloadable:
-            self.telemetry.unloadable.inc()
-            self.log.warning("learner.task_unloadable", task_id=bad.task_id, reason=bad.reason,
-                             dead_lettered=bad.origin is not None)
-            sent = dead_letter(self.producer, bad, self.name) or sent
-        if sent:
-            self.producer.flush()
+        report_unloadable(self.pool, self.producer, self.telemetry, self.log, self.name)
 
     @property
     def blocked_share(self) -> float:
@@ -282,7 +276,12 @@ class Learner(Service):
         try:
             broken = isinstance(self.trainer, Driver) and self.trainer.broken  # ranks out of step
             if self.trainer is not None and self.done > self.checkpointed and not broken:
-                self._checkpoint()
+                if self.trainer.updates == self.updates_done:
+                    self._checkpoint()
+                else:  # a step failed after its update: the weights are no longer step `done`'s
+                    self.log.warning("learner.checkpoint_skipped", step=self.done, updates=self.trainer.updates,
+                                     updates_at_step=self.updates_done, resume=f"replays the journal after step "
+                                     f"{self.checkpointed}, up to the last step it holds")
         finally:
             if isinstance(self.trainer, Driver):
                 self.trainer.close()
