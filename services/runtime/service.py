@@ -61,6 +61,7 @@ class Service:
         self.ready = False
         self.server = None
         self._stop = threading.Event()
+        self._watched: list[Callable[[], str | None]] = []
 
     # -- the parts a service fills in --
     def start(self) -> None:
@@ -118,9 +119,16 @@ class Service:
         """Mark the loop alive (call once per step)."""
         self.last_beat = time.monotonic()
 
+    def watch(self, check: Callable[[], str | None]) -> None:
+        """Make `check` part of /healthz: a reason it returns (a background thread died) makes the service
+        unhealthy although its loop beats, so a supervisor restarts it."""
+        self._watched.append(check)
+
     def health(self) -> tuple[bool, dict]:
         age = time.monotonic() - self.last_beat
-        return age < self.stale_s, {**self.details(), "ready": self.ready, "seconds_since_poll": round(age, 3)}
+        failures = [why for why in (check() for check in self._watched) if why]
+        return age < self.stale_s and not failures, {**self.details(), "ready": self.ready,
+                                                      "seconds_since_poll": round(age, 3), "failures": failures}
 
     def settle(self, work: Callable[[], object], commit: Callable[[], object], events: int) -> None:
         """Run `work` (store or publish, confirmed), then `commit` the offsets it covers: a failure in

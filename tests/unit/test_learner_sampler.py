@@ -194,6 +194,40 @@ def test_the_feed_offers_verdicts_and_dead_letters_every_other_event_type():
     assert made.closed == [True, True]  # the consumer and its dead-letter producer
 
 
+def test_a_feed_whose_reader_fails_makes_the_learner_unhealthy_and_a_stopped_one_does_not(tmp_path, monkeypatch):
+    import time
+
+    from coevolve.services.agent.config import BackendConfig
+    from coevolve.services.learner.config import LearnerConfig, LearnerSettings
+    from coevolve.services.learner.loop import service as learner_service
+    from coevolve.services.learner.loop.service import Learner
+
+    class Broken:
+        deadletters, dead_lettered = None, 0
+
+        def poll(self, timeout_s):
+            raise ConnectionError("broker at 127.0.0.1:9 is gone")
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(learner_service, "tasks_consumer", lambda bootstrap: Broken)
+    service = Learner(LearnerSettings(LearnerConfig(workdir=tmp_path),
+                                      backend=BackendConfig(model="tiny-random", backend="transformers")))
+    service.pool = pool()
+    assert service.health()[0]
+    service._follow_tasks()
+    deadline = time.monotonic() + 5
+    while service.feed.failure() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    ok, details = service.health()
+    assert not ok and details["failures"] == ["the task feed stopped: ConnectionError: broker at 127.0.0.1:9 is "
+                                              "gone; new tasks no longer reach the pool"]
+    service.feed.stop()  # a feed stopped on purpose (the static sampler's freeze) is no failure
+    ok, details = service.health()
+    assert ok and details["failures"] == []
+
+
 def test_the_pool_knows_the_subjects_of_the_signals_behind_its_tasks_across_a_restore():
     from coevolve.services.envs import bfcl_data
     from coevolve.services.learner.config import SamplerConfig

@@ -60,7 +60,7 @@ class TaskFeed:
                 if consumer.dead_lettered != flushed and consumer.deadletters is not None:
                     consumer.deadletters.flush()  # undecodable or foreign events, dead-lettered as read
                     flushed = consumer.dead_lettered
-        except Exception as exc:  # the learner keeps training on the pool it has; health reports it
+        except Exception as exc:  # /healthz turns unhealthy (`failure`): the supervisor restarts the learner
             self.error = f"{type(exc).__name__}: {exc}"
             log.error("sampler.feed_failed", error=self.error)
         finally:
@@ -68,6 +68,13 @@ class TaskFeed:
                 consumer.close()
                 if consumer.deadletters is not None:
                     consumer.deadletters.close()
+
+    def failure(self) -> str | None:
+        """Why the feed no longer reads (its thread ended with an error, or ended unasked); None while it reads
+        or after `stop()`. The learner's /healthz reports it (`Service.watch`)."""
+        if self._stop.is_set() or self._thread.is_alive() or not self._thread.ident:
+            return None
+        return f"the task feed stopped: {self.error or 'its thread ended'}; new tasks no longer reach the pool"
 
     def stop(self, timeout_s: float = 5.0) -> None:
         self._stop.set()

@@ -87,7 +87,7 @@ class Learner(Service):
     def details(self) -> dict:
         fleet = self.backend if isinstance(self.backend, FleetBackend) else None  # each server's version
         return {"run_id": self.run_id, "step": self.done, "pool": self.pool.size if self.pool else 0,
-                "world_size": self.ranks.world_size, "feed_error": self.feed.error if self.feed else None,
+                "world_size": self.ranks.world_size,
                 **({"servers": fleet.server_versions, "servers_live": len(fleet.live_servers)} if fleet else {})}
 
     def start(self) -> None:
@@ -187,6 +187,7 @@ class Learner(Service):
         if self.pool.frozen:  # a resumed static run
             return
         self.feed = TaskFeed(tasks_consumer(self.cfg.kafka_bootstrap), self.pool).start()
+        self.watch(self.feed.failure)
         if self.sampler_cfg.sampler == "static":
             self._stop.wait(self.sampler_cfg.static_wait_s)  # a stop signal ends the wait early
             self.pool.refresh(self.done + 1)
