@@ -147,6 +147,7 @@ def add_attempt_agent(app: faust.App, cfg: StreamsConfig, metrics: Metrics, topi
             out = Emitter(topics, metrics)
             batch = AttemptBatch(th, limits, now, cfg.marker_idle_s, task_to_attempts, partition_to_markers,
                                  last_seen, candidates)
+            ticked = False
             for ev in events:
                 p, is_marker = ev.message.partition, ev.message.topic == markers_name
                 batch.seen(p, ev, trajectory=not is_marker)
@@ -154,6 +155,7 @@ def add_attempt_agent(app: faust.App, cfg: StreamsConfig, metrics: Metrics, topi
                     marker = out.json(ev, "step marker")
                     if marker is not None:
                         batch.add_marker(p, marker)
+                        ticked = ticked or marker.get("kind") == "tick"
                     continue
                 r = _rollout(out, ev, limits)
                 if r is not None and batch.add_rollout(p, ev, r) == rules.LATE:
@@ -167,6 +169,8 @@ def add_attempt_agent(app: faust.App, cfg: StreamsConfig, metrics: Metrics, topi
             for outcome, n in batch.outcomes.items():
                 metrics.trajectories.labels(outcome).inc(n)
             metrics.batch_seconds.labels("attempts").observe(time.perf_counter() - started)
+            if ticked:
+                metrics.ticked("attempts")
 
 
 def _rollout(out: Emitter, ev: EventT, limits: rules.EvidenceLimits) -> rules.Rollout | None:
@@ -209,12 +213,14 @@ def add_step_agents(app: faust.App, cfg: StreamsConfig, metrics: Metrics, topics
             started, now = time.perf_counter(), time.time()
             out = Emitter(topics, metrics)
             batch = RareBatch(th, limits, now, cfg.grace_s, INDEX_REBUILD_S, step_to_counts, open_steps, indexed_at)
+            ticked = False
             for ev in events:
                 body = out.json(ev, "step count message")
                 if body is None:
                     continue
                 if body["kind"] == "tick":
                     batch.tick(ev.message.partition, ev)
+                    ticked = True
                 else:
                     batch.add(ev.message.partition, ev, body)
             out.signals(batch.raised, int(now * 1000))
@@ -222,6 +228,8 @@ def add_step_agents(app: faust.App, cfg: StreamsConfig, metrics: Metrics, topics
             for stage, n in batch.closed.items():
                 metrics.steps.labels(stage).inc(n)
             metrics.batch_seconds.labels("rare").observe(time.perf_counter() - started)
+            if ticked:
+                metrics.ticked("rare")
 
     @app.timer(cfg.tick_s)
     async def tick():

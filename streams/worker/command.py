@@ -2,8 +2,15 @@
 
 A `runtime.Service` whose loop is Faust's: the skeleton serves /healthz and /metrics; Faust's worker
 handles the signals, commits offsets of processed events, and stops gracefully.
+
+Health. Every `tick_s` the app sends a tick message to each partition of its counts and markers topics
+(app.py), which the `attempts` and `rare` agents handle like any other. /healthz fails when an agent
+that holds partitions has handled no tick for `stale_s`: the event loop, the consumer or that agent is
+stuck, and the supervisor (run.liveness_s, the k8s liveness probe) restarts the worker.
 """
 from __future__ import annotations
+
+import time
 
 import faust
 
@@ -11,19 +18,43 @@ from coevolve.services.kafka.topics import CATALOG, create_topics
 from coevolve.services.runtime.service import Service
 from coevolve.streams.worker.app import build_app, internal_topics
 from coevolve.streams.worker.config import StreamsConfig
-from coevolve.streams.worker.metrics import Metrics
+from coevolve.streams.worker.metrics import TICKED, Metrics
 
 
 class StreamsWorker(Service):
     name = "streams"
     commits = False  # Faust commits the offsets of acknowledged events
+    stale_s = 60.0  # seconds an agent holding partitions may go without a tick (one every tick_s)
 
     def __init__(self, cfg: StreamsConfig):
         super().__init__(cfg)
         self.metrics = Metrics(self.registry)
+        self.app: faust.App | None = None
+        self.app_started = time.monotonic()
+        self.watch(self.stalled)
 
     def health(self) -> tuple[bool, dict]:
-        return True, {"app_id": self.cfg.app_id}  # Faust restarts what it runs; the page answers while it runs
+        """Healthy while every agent that holds partitions handles ticks (the loop does not beat `Service`)."""
+        failures = [why for why in (check() for check in self._watched) if why]
+        now = time.monotonic()
+        ticks = {agent: round(now - at, 3) for agent, at in self.metrics.ticked_at.items()}
+        return not failures, {"app_id": self.cfg.app_id, "seconds_since_tick": ticks, "failures": failures}
+
+    def stalled(self) -> str | None:
+        """Which agents holding partitions handled no tick for `stale_s` (counted from the app's start)."""
+        if self.app is None or not self._assigned():
+            return None
+        now = time.monotonic()
+        late = [a for a in TICKED if now - self.metrics.ticked_at.get(a, self.app_started) > self.stale_s]
+        return (f"agent(s) {', '.join(late)} handled no tick for {self.stale_s:.0f} s (one is sent every "
+                f"{self.cfg.tick_s} s): the worker's loop or consumer is stuck") if late else None
+
+    def _assigned(self) -> bool:
+        """Whether this worker holds partitions (a worker beyond the partition count holds none)."""
+        try:
+            return bool(self.app.consumer.assignment())
+        except Exception:  # the consumer is not up yet: not stuck, starting
+            return False
 
     def start(self) -> None:
         """Create the topics the app reads and writes."""
@@ -34,7 +65,8 @@ class StreamsWorker(Service):
 
     def loop(self) -> None:
         cfg = self.cfg
-        app = build_app(cfg, self.metrics)
+        app = self.app = build_app(cfg, self.metrics)
+        self.app_started = time.monotonic()
         self.log.info("streams.worker.starting", app_id=cfg.app_id, bootstrap=cfg.kafka_bootstrap,
                       metrics_port=self.server.server_address[1] if self.server else None,
                       thresholds=cfg.thresholds().as_record())

@@ -1,12 +1,18 @@
 """Prometheus metrics of the signal processors, in the service's registry (no module state)."""
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# The agents that read the tick messages (app.py's `tick` timer): each must handle one within the
+# worker's allowance, or its /healthz fails.
+TICKED = ("attempts", "rare")
 
 
 class Metrics:
     """signals/raised_total, signals/trajectories_total, signals/deadletter_total, signals/steps_total,
-    signals/batch_seconds."""
+    signals/batch_seconds, signals/agent_tick_timestamp_seconds."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -20,3 +26,11 @@ class Metrics:
                              "closed_by_count, closed_by_grace.", ["stage"], registry=self.registry)
         self.batch_seconds = Histogram("signals_batch_seconds", "Time to process one batch, by agent.",
                                        ["agent"], registry=self.registry)
+        self.tick_at = Gauge("signals_agent_tick_timestamp_seconds", "Unix time each agent last handled a "
+                             "tick message, by agent (attempts, rare).", ["agent"], registry=self.registry)
+        self.ticked_at: dict[str, float] = {}  # agent -> time.monotonic() of its last tick
+
+    def ticked(self, agent: str) -> None:
+        """The agent handled a tick: the worker's loop, consumer and that agent make progress."""
+        self.ticked_at[agent] = time.monotonic()
+        self.tick_at.labels(agent).set(time.time())

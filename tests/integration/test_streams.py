@@ -13,6 +13,7 @@ import struct
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
@@ -91,6 +92,15 @@ class Worker:
             return f"no /metrics: {exc}"
         return " ".join(line for line in text.splitlines()
                         if line.startswith("signals_") and line.split("{")[0].endswith("_total"))
+
+    def health(self) -> tuple[int, dict]:
+        """Its /healthz status code and body."""
+        port = self.cmd[self.cmd.index("--metrics-port") + 1]
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
 
     def report(self) -> str:
         """Its counters and the tail of its log, for failure messages."""
@@ -257,6 +267,10 @@ def test_live_signals_equal_replay_and_redelivery_changes_nothing(bootstrap, wor
         reader.until(expected, 120, [worker])
         assert_same(reader.by_id(), expected)
         assert len(reader.messages) == len(expected), "an uninterrupted run sends each signal once"
+        status, body = worker.health()  # both tick-reading agents handled a tick within the last seconds
+        assert status == 200 and body["failures"] == [], body
+        assert set(body["seconds_since_tick"]) == {"attempts", "rare"}
+        assert max(body["seconds_since_tick"].values()) < 10, body
     finally:
         worker.stop()
         reader.consumer.close()
