@@ -5,9 +5,14 @@ from __future__ import annotations
 import os
 import subprocess
 
+import croniter  # noqa: F401  (see below)
 import pytest
 
 from coevolve.services.kafka.embedded import EmbeddedBroker
+
+
+# croniter (under Faust) runs `file` through `platform.architecture()` when first imported: imported
+# above, before the guard, so whichever unit test imports Faust first is not blamed for that process.
 
 
 class StartsAProcess(AssertionError):
