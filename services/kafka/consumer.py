@@ -57,6 +57,10 @@ def dead_letter(topic: str, partition: int | None, offset: int | None, key: byte
     }
 
 
+class ReadShort(RuntimeError):
+    """A read that had to reach the partitions' ends (`read_to_end(complete=True)`) did not."""
+
+
 class EventConsumer:
     """Poll topics, decode each message, and send undecodable ones to the dead-letter topic.
 
@@ -188,18 +192,26 @@ class EventConsumer:
                 last = time.monotonic()
         return out
 
-    def read_to_end(self, timeout_s: float = 30.0) -> list[Delivered]:
+    def read_to_end(self, timeout_s: float = 30.0, complete: bool = False) -> list[Delivered]:
         """Every event up to the partitions' ends as of now (a consumer without a group, e.g. a service
-        loading a compacted catalog at start); what was read by `timeout_s`, with a warning, if short."""
+        loading a compacted catalog at start); what was read by `timeout_s`, with a warning, if short.
+        With `complete`, a short read, or an end that could not be probed, raises `ReadShort` instead."""
         parts = sorted(self._consumer.assignment())
         reported = self._consumer.end_offsets(parts)
-        ends = true_end_offsets(self._bootstrap, {(tp.topic, tp.partition): reported[tp] for tp in parts})
+        unprobed: set = set()
+        ends = true_end_offsets(self._bootstrap, {(tp.topic, tp.partition): reported[tp] for tp in parts},
+                                unprobed=unprobed)
         out: list[Delivered] = []
         deadline = time.monotonic() + timeout_s
         behind = [tp for tp in parts if ends[(tp.topic, tp.partition)]]
         while behind and time.monotonic() < deadline:
             out += self.poll(0.2)
             behind = [tp for tp in behind if self._consumer.position(tp) < ends[(tp.topic, tp.partition)]]
+        short = sorted({f"{tp.topic}:{tp.partition}" for tp in behind} | {f"{t}:{p}" for t, p in unprobed})
+        if short and complete:
+            raise ReadShort(f"{self.service} read {', '.join(short)} short of the end within {timeout_s:.0f} s "
+                            f"(or its end could not be probed); check the broker at {self._bootstrap}, then "
+                            "start again (a longer read needs a larger timeout)")
         if behind:
             log.warning("consumer.read_to_end_short", service=self.service, timeout_s=timeout_s,
                         partitions=[f"{tp.topic}:{tp.partition}" for tp in behind])

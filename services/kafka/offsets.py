@@ -24,8 +24,10 @@ PROBE_TIMEOUT_S = 5.0
 
 def true_end_offsets(bootstrap: str, reported: Mapping[TP, int | None],
                      timeout_s: float = PROBE_TIMEOUT_S,
-                     security: KafkaSecurity | None = None) -> dict[TP, int | None]:
-    """`reported` end offsets ((topic, partition) -> end), raised to one past each partition's last record."""
+                     security: KafkaSecurity | None = None, unprobed: set[TP] | None = None) -> dict[TP, int | None]:
+    """`reported` end offsets ((topic, partition) -> end), raised to one past each partition's last record;
+    the partitions whose last record did not come by `timeout_s` are added to `unprobed` (their reported
+    ends are kept, and on Tansu they may be short)."""
     ends = dict(reported)
     probe = {TopicPartition(tp[0], tp[1]): tp for tp, end in reported.items() if end}
     if not probe:
@@ -48,6 +50,8 @@ def true_end_offsets(bootstrap: str, reported: Mapping[TP, int | None],
                     consumer.pause(ktp)
     finally:
         consumer.close()
+    if unprobed is not None:
+        unprobed.update(probe[ktp] for ktp in waiting)
     if waiting:
         log.warning("end_offsets.unprobed", partitions=sorted(f"{t.topic}:{t.partition}" for t in waiting),
                     timeout_s=timeout_s, hint="their reported ends are kept; on Tansu they may be short")

@@ -54,10 +54,13 @@ class ValidatorServiceConfig(ConsumerConfig):
                            "earns a positive partial score.")
     attempt_temperature: float = doc(0.0, "Sampling temperature of the dual-pass attempts; 0 is greedy (one "
                                           "attempt), above 0 samples each attempt with its own seed.")
+    catalog_read_s: float = doc(120.0, "Seconds to read coevolve.tasks to its end at start; a read that falls "
+                                       "short stops the start (it would judge a redelivered group again).")
 
     def __post_init__(self) -> None:
-        if self.group_wait_s <= 0:
-            raise ConfigError(f"group_wait_s={self.group_wait_s} must be > 0")
+        if self.group_wait_s <= 0 or self.catalog_read_s <= 0:
+            raise ConfigError(f"group_wait_s={self.group_wait_s} and catalog_read_s={self.catalog_read_s} must "
+                              "be > 0")
         if self.attempts < 1 or self.attempt_temperature < 0:
             raise ConfigError(f"attempts={self.attempts} must be >= 1 and attempt_temperature="
                               f"{self.attempt_temperature} >= 0")

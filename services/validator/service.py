@@ -93,12 +93,12 @@ class Validator(Service):
 
     def _load_catalog(self) -> int:
         """Add the tasks validated before this start (the compacted coevolve.tasks, read from the
-        beginning without a group, by a reader kept open for the catalog) to the novelty index and the
-        catalog; their count."""
+        beginning without a group, by a reader kept open for the catalog, to its end or not at all) to the
+        novelty index and the catalog; their count."""
         self.catalog_reader = EventConsumer(self.cfg.kafka_bootstrap, [TASKS.name], service="validator-catalog")
         self.catalog = TaskCatalog(self.catalog_reader)
-        latest = {str(i.event["task_id"]): i.event for i in self.catalog_reader.read_to_end()
-                  if i.name == "TaskChecked"}
+        read = self.catalog_reader.read_to_end(self.cfg.catalog_read_s, complete=True)  # else ReadShort: no start
+        latest = {str(i.event["task_id"]): i.event for i in read if i.name == "TaskChecked"}
         known = 0
         for record in latest.values():  # the last verdict per task, as compaction keeps it
             self.judged[str(record["task_id"])] = str(record["verdict"])

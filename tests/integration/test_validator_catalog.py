@@ -5,6 +5,7 @@ import pytest
 
 from coevolve.services.agent.config import BackendConfig
 from coevolve.services.envs import bfcl_data
+from coevolve.services.kafka.consumer import ReadShort
 from coevolve.services.kafka.producer import EventProducer
 from coevolve.services.kafka.topics import TASKS
 from coevolve.services.validator.config import ValidatorServiceConfig, ValidatorSettings
@@ -45,5 +46,22 @@ def test_a_started_validator_counts_the_tasks_validated_before_as_known(bootstra
         outcome = validator.index.check(again)
         assert not outcome.passed and "synthesized_kept" in outcome.reason
         assert validator.index.check(dataclasses.replace(dropped, task_id="synthesized_new")).passed
+    finally:
+        validator.finish()
+
+
+def test_a_catalog_read_that_falls_short_refuses_to_start_instead_of_judging(bootstrap):
+    seed = _task("synthesized_seen", "Show every file in the current folder, hidden ones too, then stop.", "ls(a=True)")
+    with EventProducer(bootstrap) as producer:
+        for i in range(200):
+            record = _record(dataclasses.replace(seed, task_id=f"synthesized_{i}"), True)
+            producer.send(TASKS.name, record, key=record["task_id"])
+    service = ValidatorServiceConfig(kafka_bootstrap=bootstrap, group_id="short", catalog_read_s=1e-6)
+    validator = Validator(ValidatorSettings(service=service,
+                                            backend=BackendConfig(model="tiny-random", backend="transformers")))
+    try:
+        with pytest.raises(ReadShort, match=r"validator-catalog read coevolve.tasks:\d.* short of the end"):
+            validator.start()
+        assert validator.consumer is None and not validator.judged  # nothing polled, nothing judged
     finally:
         validator.finish()
