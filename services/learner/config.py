@@ -174,7 +174,9 @@ class SamplerConfig:
                                  "-1 (default, the paper's mixing) draws uniformly over the whole pool.")
     recency_half_life: float = doc(0.0, "Halve a synthesized task's sampling weight every this many steps "
                                    "after it joined; 0 keeps every task's weight equal.")
-    static_wait_s: float = doc(0.0, "static: seconds to read coevolve.tasks before training starts.")
+    static_wait_s: float = doc(0.0, "static: seconds to read coevolve.tasks before training starts, at most.")
+    static_tasks: int = doc(0, "static: the tasks the static exploration proposes (the explorer's count); the "
+                               "wait ends once each has a verdict of this run's step 0. 0 waits static_wait_s.")
     fresh_first: bool = doc(False, "A synthesized task never drawn takes a batch slot before the mixing draws "
                                    "the rest (oldest first, at most B a step): each validated task is trained on "
                                    "at the first step after it joins.")
@@ -185,8 +187,8 @@ class SamplerConfig:
         if not (self.synthetic_share == -1 or 0 <= self.synthetic_share <= 1):
             raise ConfigError(f"synthetic_share={self.synthetic_share}: use a share in [0, 1], or -1 to draw "
                               "uniformly over the whole pool")
-        if self.recency_half_life < 0 or self.static_wait_s < 0:
-            raise ConfigError("recency_half_life and static_wait_s must be >= 0")
+        if self.recency_half_life < 0 or self.static_wait_s < 0 or self.static_tasks < 0:
+            raise ConfigError("recency_half_life, static_wait_s and static_tasks must be >= 0")
 
 
 @dataclass(frozen=True)

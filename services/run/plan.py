@@ -34,9 +34,10 @@ SHARABLE = ("explorer", "validator")
 LIVENESS_S = {"streams": 120.0, "archiver": 120.0, "explorer": 1800.0, "validator": 1800.0, "learner": 300.0}
 # Set by the run itself for every process; a preset may not override them.
 MANAGED = {"kafka_bootstrap", "metrics_port", "metrics_host", "workdir", "datadir", "run_id", "resume"}
-# Keys a process takes from the learner's section: the explorer explores the learner's seed pool, and a
-# process acting with the learner's policy (run.shared_policy) lists the tools as it was trained to.
-FROM_LEARNER = {"explorer": ("categories", "seed_tasks")}
+# Keys a process takes from the learner's section: the explorer explores the learner's seed pool (and, in
+# the static arm, as many tasks as the learner waits for), and a process acting with the learner's policy
+# (run.shared_policy) lists the tools as it was trained to.
+FROM_LEARNER = {"explorer": ("categories", "seed_tasks", "static_tasks")}
 FROM_SHARED_POLICY = ("tool_docs",)
 
 

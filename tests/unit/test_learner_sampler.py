@@ -13,7 +13,8 @@ SEEDS = load_tasks(split="train")[:4]
 
 
 def verdict(task_id: str, verdict: str = "validated", base=SEEDS[0]) -> dict:
-    return {**base.to_record(), "task_id": task_id, "verdict": verdict, "source": "synthesized"}
+    return {**base.to_record(), "task_id": task_id, "verdict": verdict, "source": "synthesized", "run_id": "r",
+            "step": 1}
 
 
 def pool(**kwargs) -> TaskPool:
@@ -149,8 +150,9 @@ def test_state_round_trip_continues_the_same_draws():
     (dict(sampler="fifo"), "sampler='fifo': choose one of streaming, static"),
     (dict(synthetic_share=1.5), "synthetic_share=1.5: use a share in [0, 1]"),
     (dict(synthetic_share=-0.5), "synthetic_share=-0.5: use a share in [0, 1]"),
-    (dict(recency_half_life=-1.0), "recency_half_life and static_wait_s must be >= 0"),
-    (dict(static_wait_s=-1.0), "recency_half_life and static_wait_s must be >= 0")])
+    (dict(recency_half_life=-1.0), "recency_half_life, static_wait_s and static_tasks must be >= 0"),
+    (dict(static_wait_s=-1.0), "recency_half_life, static_wait_s and static_tasks must be >= 0"),
+    (dict(static_tasks=-1), "recency_half_life, static_wait_s and static_tasks must be >= 0")])
 def test_bad_sampler_settings_fail_with_a_message(kwargs, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         SamplerConfig(**kwargs)
@@ -192,6 +194,41 @@ def test_the_feed_offers_verdicts_and_dead_letters_every_other_event_type():
                                             "TaskChecked events from it")]
     assert feed.received == 1 and p.pending == 1 and feed.error is None
     assert made.closed == [True, True]  # the consumer and its dead-letter producer
+
+
+def test_the_static_wait_ends_when_the_static_tasks_of_this_run_have_verdicts():
+    import threading
+    import time
+
+    from coevolve.services.kafka.consumer import Delivered
+    from coevolve.services.learner.loop.feed import TaskFeed
+
+    def checked(task_id, run_id="r", step=0):
+        return Delivered("coevolve.tasks", 0, 0, task_id.encode(), "TaskChecked",
+                         {**verdict(task_id), "run_id": run_id, "step": step})
+
+    class Consumer:
+        deadletters, dead_lettered = None, 0
+
+        def __init__(self):  # another run's step-0 task and this run's step-2 task do not count
+            self.batches = [[checked("b")], [checked("old", run_id="earlier"), checked("a"), checked("late", step=2)]]
+
+        def poll(self, timeout_s):
+            time.sleep(0.01)
+            return self.batches.pop() if self.batches else []
+
+        def close(self):
+            pass
+
+    feed, stop = TaskFeed(Consumer, pool(), poll_s=0.01).start(), threading.Event()
+    started = time.monotonic()
+    assert feed.wait_for("r", 0, 2, 30.0, stop) == 2 and time.monotonic() - started < 5
+    started = time.monotonic()
+    assert feed.wait_for("r", 0, 3, 0.3, stop) == 2 and time.monotonic() - started >= 0.3  # one never came
+    stop.set()
+    assert feed.wait_for("r", 0, 3, 30.0, stop) == 2  # a stop ends the wait at once
+    assert feed.wait_for("r", 0, 0, 0.2, threading.Event()) == 2  # 0: the whole time, whatever came
+    feed.stop()
 
 
 def test_a_feed_whose_reader_fails_makes_the_learner_unhealthy_and_a_stopped_one_does_not(tmp_path, monkeypatch):

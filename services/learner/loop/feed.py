@@ -7,6 +7,8 @@ every start), and only buffers what arrives (`TaskPool.offer`); the pool takes i
 from __future__ import annotations
 
 import threading
+import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +39,7 @@ class TaskFeed:
     def __init__(self, make_consumer: Callable[[], Any], pool: TaskPool, poll_s: float = 0.2):
         self.make_consumer, self.pool, self.poll_s = make_consumer, pool, poll_s
         self.received = 0
+        self.verdicts: Counter = Counter()  # (run id, step proposed at) -> verdicts read
         self.error: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="learner-task-feed", daemon=True)
@@ -54,6 +57,7 @@ class TaskFeed:
                     if item.name == "TaskChecked":
                         self.pool.offer(item.event, Origin(item.topic, item.partition, item.offset, item.key))
                         self.received += 1
+                        self.verdicts[(str(item.event["run_id"]), int(item.event["step"]))] += 1
                     else:
                         consumer.reject(item, "invalid", f"{item.name} on {item.topic}: the learner takes only "
                                                          "TaskChecked events from it")
@@ -68,6 +72,16 @@ class TaskFeed:
                 consumer.close()
                 if consumer.deadletters is not None:
                     consumer.deadletters.close()
+
+    def wait_for(self, run_id: str, step: int, count: int, timeout_s: float, stop: threading.Event) -> int:
+        """Wait until `count` verdicts of `run_id`'s tasks proposed at `step` were read (0: the whole
+        `timeout_s`), `timeout_s` passed or `stop` was set; the verdicts read."""
+        deadline = time.monotonic() + timeout_s
+        while not (count and self.verdicts[(run_id, step)] >= count):
+            left = deadline - time.monotonic()
+            if left <= 0 or stop.wait(min(left, 0.2)):
+                break
+        return self.verdicts[(run_id, step)]
 
     def failure(self) -> str | None:
         """Why the feed no longer reads (its thread ended with an error, or ended unasked); None while it reads

@@ -183,13 +183,14 @@ class Learner(Service):
                              {"model": model_dir, "pad_id": pad if pad is not None else 0})
 
     def _follow_tasks(self) -> None:
-        """Start the task feed; in static mode read for `static_wait_s`, take the tasks in, then freeze."""
+        """The task feed; in static mode it reads until the static tasks have verdicts, then the pool freezes."""
         if self.pool.frozen:  # a resumed static run
             return
         self.feed = TaskFeed(tasks_consumer(self.cfg.kafka_bootstrap), self.pool).start()
         self.watch(self.feed.failure)
         if self.sampler_cfg.sampler == "static":
-            self._stop.wait(self.sampler_cfg.static_wait_s)  # a stop signal ends the wait early
+            self.feed.wait_for(self.run_id, 0, self.sampler_cfg.static_tasks, self.sampler_cfg.static_wait_s,
+                               self._stop)  # a stop signal ends the wait early too
             self.pool.refresh(self.done + 1)
             self._report_unloadable()
             self.pool.freeze()
