@@ -23,8 +23,11 @@ from typing import IO
 from coevolve.services.agent.config import BackendConfig
 from coevolve.services.agent.precision import resolve_dtype
 from coevolve.services.fleet.config import FleetConfig
+from coevolve.services.runtime.logfiles import prune
 from coevolve.services.runtime.ports import free_port
 from coevolve.services.runtime.processes import WITH_PARENT
+
+KEPT_SERVER_LOGS = 16  # the newest server logs kept in a log folder (each start writes one)
 
 
 class ServerStartError(RuntimeError):
@@ -72,6 +75,7 @@ class LocalServers:
     def start(self) -> "LocalServers":
         """Launch every server at once, then wait until each answers /health."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        prune(self.log_dir, "vllm-server-*.log", keep=KEPT_SERVER_LOGS)  # one per server start, across runs
         env = server_environment(self.config)
         try:
             for _ in range(self.count):

@@ -12,6 +12,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from coevolve.services.runtime.logfiles import rotate
 from coevolve.services.runtime.ports import free_port
 
 
@@ -52,6 +53,7 @@ class Child:
 
     def start(self) -> "Child":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        rotate(self.log_path)  # appended to across runs and restarts: bounded at each start
         with open(self.log_path, "ab") as out:
             # A session of its own: a Ctrl-C at the terminal reaches the run, which stops children in order.
             self.process = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT,

@@ -44,10 +44,15 @@ SERVICE = "streams"
 INDEX_REBUILD_S = 60.0
 
 
+# The tick timer writes 8 messages a second to the app's own topics for as long as a worker runs; what is
+# older than this has been handled (a worker reads them within seconds), so the broker drops it.
+INTERNAL_RETENTION = {"retention.ms": str(7 * 24 * 3600 * 1000)}
+
+
 def internal_topics(app_id: str) -> dict[str, Topic]:
-    """The app's own topics, co-partitioned with coevolve.trajectories."""
-    return {"markers": Topic(f"{app_id}-step-markers", "json", "partition", PARTITIONS),
-            "counts": Topic(f"{app_id}-step-counts", "json", "run_id and step", PARTITIONS)}
+    """The app's own topics, co-partitioned with coevolve.trajectories, kept for a week."""
+    return {"markers": Topic(f"{app_id}-step-markers", "json", "partition", PARTITIONS, INTERNAL_RETENTION),
+            "counts": Topic(f"{app_id}-step-counts", "json", "run_id and step", PARTITIONS, INTERNAL_RETENTION)}
 
 
 def new_app(cfg: StreamsConfig, security: KafkaSecurity | None = None) -> faust.App:

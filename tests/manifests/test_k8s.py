@@ -12,6 +12,7 @@ from coevolve.services.kafka.security import KafkaSecurity
 from coevolve.services.kafka.topics import CATALOG, TRAJECTORIES
 from coevolve.services.cli import app
 from coevolve.services.runtime.config import load
+from coevolve.streams.worker.app import internal_topics as repartitioned
 from coevolve.streams.worker.config import StreamsConfig
 from tests.kustomize import (JOBS, KUBECTL, OVERLAYS, ROOT, TARGETS, coevolve_argv, command_of, container_env,
                              containers, expand, find, loaded_configs, pods, render, with_mounted_files)
@@ -26,7 +27,6 @@ def config(docs) -> dict:
 def internal_topics(app_id: str) -> dict[str, tuple[int, bool]]:
     """The signal workers' own topics, read off the Faust app: name -> (partitions, compacted)."""
     from coevolve.streams.worker.app import build_app
-    from coevolve.streams.worker.app import internal_topics as repartitioned
     from coevolve.streams.worker.metrics import Metrics
 
     faust_app = build_app(StreamsConfig(app_id=app_id), Metrics())
@@ -49,6 +49,8 @@ def test_kafka_topics_are_the_catalog_and_the_workers_own_topics(target):
     for name, (partitions, compacted) in internal.items():
         assert topics[name]["partitions"] == partitions
         assert (topics[name].get("config", {}).get("cleanup.policy") == "compact") == compacted
+    for topic in repartitioned(config(docs)["STREAMS_APP_ID"]).values():  # the ticks' topics expire
+        assert topics[topic.name]["config"] == topic.configs and topic.configs["retention.ms"]
     brokers = sum(p["spec"]["replicas"] for p in docs
                   if p["kind"] == "KafkaNodePool" and "broker" in p["spec"]["roles"])
     assert {spec["replicas"] for spec in topics.values()} == {brokers}
