@@ -30,7 +30,8 @@ SERVICE_SETTINGS: dict[str, str] = {
 SHARABLE = ("explorer", "validator")
 # Seconds each process's /healthz may fail in a row before the run kills and restarts it (run.liveness_s),
 # as the k8s tree's liveness probes allow. The explorer's and validator's loops do not beat while a model
-# explores or checks (minutes on a CPU); the learner's /healthz fails only after an hour without a step.
+# explores or checks (minutes on a CPU); the learner's /healthz fails after 15 minutes without a rollout
+# round or a step.
 LIVENESS_S = {"streams": 120.0, "archiver": 120.0, "explorer": 1800.0, "validator": 1800.0, "learner": 300.0}
 # Set by the run itself for every process; a preset may not override them.
 MANAGED = {"kafka_bootstrap", "metrics_port", "metrics_host", "workdir", "datadir", "run_id", "resume"}

@@ -50,7 +50,7 @@ class Learner(Service):
 
     name = "learner"
     commits = False  # it consumes no offsets: the task feed rereads its compacted topic at every start
-    stale_s = 3600.0  # a CPU step can take minutes; the loop beats once per step
+    stale_s = 900.0  # beats at every rollout round and step; training, evaluating and publishing must fit
 
     def __init__(self, settings: LearnerSettings, reward: Reward | None = None):
         super().__init__(settings.learner)
@@ -115,7 +115,7 @@ class Learner(Service):
             self.telemetry.version.set(version)
         self.runner = StepRunner(self.cfg, self.grpo, self.pool, self.backend, self.trainer, self.sampling,
                                  self.limits, self.run_id, self.reward)
-        self.runner.should_stop = lambda: self.stopping
+        self.runner.should_stop = self._alive
         self._follow_tasks()
         if self.cfg.resume and self.done == 0:
             self.log.info("learner.resume_fresh", workdir=str(self.cfg.workdir),
@@ -124,8 +124,11 @@ class Learner(Service):
         self.log.info("learner.started", run_id=self.run_id, resumed_at=self.done, replayed=self.done - checkpointed,
                       model=self.backend_cfg.model, backend=self.backend_cfg.backend, pool=self.pool.size,
                       sampler=self.sampler_cfg.sampler)
-        if self.cfg.steps == 0:
-            self._evaluate_only()
+        if self.cfg.steps == 0:  # the zero-shot arm: the starting policy evaluated once, as step 0
+            evaluation = evaluate(self.backend, self.backend_cfg, self.cfg, self.limits, self.cfg.max_new_tokens,
+                                  self.run_id, 0)
+            publish_evaluation(self.producer, self.run_id, evaluation)
+            self.telemetry.evaluated(0, evaluation)
         if self.done >= self.cfg.steps:
             self.stop()
         self.started = time.monotonic()
@@ -143,14 +146,10 @@ class Learner(Service):
             self.log.info("learner.fleet_started", servers=len(urls), urls=urls)
         return FleetBackend(urls, model_dir, self.backend_cfg, self.fleet_cfg, model_name=self.backend_cfg.model)
 
-    def _evaluate_only(self) -> None:
-        """steps = 0 (the zero-shot arm): evaluate the starting policy once, as step 0, and publish it."""
-        evaluation = evaluate(self.backend, self.backend_cfg, self.cfg, self.limits, self.sampling.max_new_tokens,
-                              self.run_id, 0)
-        publish_evaluation(self.producer, self.run_id, evaluation)
-        self.telemetry.eval.set(evaluation["success_rate"])
-        self.log.info("learner.evaluated", step=0, success_rate=evaluation["success_rate"],
-                      mean_score=evaluation["mean_score"], tasks=evaluation["task_count"])
+    def _alive(self) -> bool:
+        """Polled by the rollouts every generation round: a beat (the loop makes progress), and whether to stop."""
+        self.beat()
+        return self.stopping
 
     def _pool(self) -> TaskPool:
         """A fresh pool of the seed tasks (a resumed run restores its state after)."""

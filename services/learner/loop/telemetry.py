@@ -39,6 +39,12 @@ class Telemetry:
         self.unloadable = Counter("learner_tasks_unloadable", "Tasks refused or dropped from the pool because "
                                   "their episodes cannot start.", registry=reg)
 
+    def evaluated(self, step: int, evaluation: dict[str, Any]) -> None:
+        """An evaluation outside any step (the starting policy's, `steps = 0`)."""
+        self.eval.set(evaluation["success_rate"])
+        self.log.info("learner.evaluated", step=step, success_rate=evaluation["success_rate"],
+                      mean_score=evaluation["mean_score"], tasks=evaluation["task_count"])
+
     def pushed(self, push: dict[str, Any]) -> None:
         """A weight push (a step's `PolicyUpdated` record)."""
         self.pushes.inc()
