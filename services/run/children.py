@@ -14,6 +14,7 @@ from pathlib import Path
 
 from coevolve.services.runtime.logfiles import rotate
 from coevolve.services.runtime.ports import free_port
+from coevolve.services.runtime.processes import kill_tree, tree
 
 
 class ChildFailed(RuntimeError):
@@ -96,24 +97,35 @@ class Child:
                            f"{self.log_tail()}")
 
     def kill(self) -> None:
-        """SIGKILL the process and what it started (its session's group: a model server's engine too)."""
+        """SIGKILL the process and everything below it, in its session or not (torchrun's ranks, a model
+        server's engine), and wait until all of it is gone: a replacement never meets the old tree."""
         if self.process is not None and self.process.poll() is None:
+            below = tree(self.process.pid)
             try:
                 os.killpg(self.process.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass  # it exited in between
             self.process.wait()
+            self._reap(below)
 
     def stop(self, timeout_s: float = 60.0) -> int | None:
-        """SIGTERM, wait, then SIGKILL; return the exit code."""
+        """SIGTERM, wait, then SIGKILL; whatever it started and left behind is killed too. The exit code."""
         if self.process is None or self.process.poll() is not None:
             return self.exit_code
+        below = tree(self.process.pid)
         self.process.send_signal(signal.SIGTERM)
         try:
-            return self.process.wait(timeout_s)
+            self.process.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            self.process.kill()
-            return self.process.wait()
+            self.kill()
+        self._reap(below)
+        return self.exit_code
+
+    def _reap(self, below: dict[int, str]) -> None:
+        left = kill_tree(below)
+        if left:
+            raise ChildFailed(f"{self.name}: processes {left} it started survived SIGKILL (stuck in the kernel?); "
+                              "a replacement would meet them: check them with `ps -o pid,stat,cmd -p ...`")
 
 
 def wait_healthy(children: list[Child], timeout_s: float) -> None:

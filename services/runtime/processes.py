@@ -1,6 +1,10 @@
-"""Child processes that end with the process that started them, and the children of a process."""
+"""Child processes that end with the process that started them, the children of a process, and killing a
+process with everything it started."""
 from __future__ import annotations
 
+import os
+import signal
+import time
 from pathlib import Path
 
 WITH_PARENT = ("import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGTERM); "
@@ -20,3 +24,39 @@ def children(pid: int) -> list[int]:
         if int(fields[1]) == pid:
             found.append(int(stat.parent.name))
     return found
+
+
+def _started(pid: int) -> str | None:
+    """The process's start time (its identity across pid reuse), or None when it is gone or a zombie."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in ("Z", "X") else fields[19]
+
+
+def tree(pid: int) -> dict[int, str]:
+    """Every live process below `pid`, across sessions (torchrun's ranks, model servers): pid -> start time."""
+    found: dict[int, str] = {}
+    frontier = [pid]
+    while frontier:
+        frontier = [c for p in frontier for c in children(p) if c not in found]
+        found.update((c, s) for c in frontier if (s := _started(c)) is not None)
+    return found
+
+
+def kill_tree(processes: dict[int, str], timeout_s: float = 30.0) -> list[int]:
+    """SIGKILL the processes of a `tree` (those still the same processes) and wait until they are gone; the
+    pids still there after `timeout_s`."""
+    for pid, started in processes.items():
+        if _started(pid) == started:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + timeout_s
+    left = [p for p, s in processes.items() if _started(p) == s]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [p for p in left if _started(p) == processes[p]]
+    return left

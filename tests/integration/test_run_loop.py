@@ -4,6 +4,7 @@ service that exits or stops answering its /healthz is started again (the learner
 within the restart budget, here with real processes."""
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -192,3 +193,40 @@ def test_start_up_waits_for_nothing_from_a_learner_that_finished_and_fails_on_an
     quit_early = Child("explorer", [], {}, tmp_path / "explorer.log", program=["true"]).start()
     with pytest.raises(ChildFailed, match="explorer exited with code 0"):
         wait_healthy([quit_early], timeout_s=5.0)
+
+
+# A service that starts a helper in a session of its own (as the learner starts torchrun, and torchrun its
+# ranks) and ignores SIGTERM; the helper ignores it too.
+TREE = """
+import signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+helper = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
+                          "signal.SIG_IGN); time.sleep(600)"], start_new_session=True)
+open(sys.argv[1], "w").write(str(helper.pid))
+time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("how", ["stop", "kill"])
+def test_a_stopped_or_killed_child_leaves_nothing_it_started_even_in_another_session(tmp_path, how):
+    marker = tmp_path / "helper.pid"
+    child = Child("learner", [str(marker)], {}, tmp_path / "learner.log", program=[sys.executable, "-c", TREE])
+    child.start()
+    deadline = time.monotonic() + 30
+    while not marker.exists() or not marker.read_text():
+        assert time.monotonic() < deadline and child.exit_code is None, child.log_tail()
+        time.sleep(0.05)
+    helper = int(marker.read_text())
+    assert _alive(helper)
+    if how == "stop":
+        child.stop(timeout_s=1.0)  # SIGTERM is ignored: killed after the wait, with the helper
+    else:
+        child.kill()
+    assert child.exit_code is not None and not _alive(helper)
