@@ -33,6 +33,8 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
+from coevolve.services.runtime.stores import hosted_store
+
 BACKEND = "gloo"
 DEFAULT_CHUNK_BYTES = 256 * 1024 * 1024
 _PREFIX = "coevolve-gloo/"
@@ -67,8 +69,8 @@ def _group(address: str, port: int, rank: int, world_size: int, timeout_s: float
            is_master: bool) -> tuple[Any, Any]:
     """A gloo process group of its own, over a TCPStore at (address, port)."""
     timeout = datetime.timedelta(seconds=timeout_s)
-    store = torch.distributed.TCPStore(address, port, world_size, is_master=is_master, timeout=timeout,
-                                       wait_for_workers=False)
+    store = hosted_store(address, port, world_size, timeout, wait_for_workers=False) if is_master else \
+        torch.distributed.TCPStore(address, port, world_size, is_master=False, timeout=timeout, wait_for_workers=False)
     group = torch.distributed.ProcessGroupGloo(torch.distributed.PrefixStore(_PREFIX, store), rank,
                                                world_size, timeout)
     return store, group
@@ -238,8 +240,8 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
                               chunk_bytes=init_info.chunk_bytes)
         timeout = datetime.timedelta(seconds=init_info.timeout_s)
         # Bind the store first (a busy port fails here), then let the server join while the group forms.
-        store = torch.distributed.TCPStore(init_info.master_address, init_info.master_port, init_info.world_size,
-                                           is_master=True, timeout=timeout, wait_for_workers=False)
+        store = hosted_store(init_info.master_address, init_info.master_port, init_info.world_size, timeout,
+                             wait_for_workers=False)
         try:
             joined = _background(client.init_weight_transfer_engine, asdict(worker))
             formed = _background(torch.distributed.ProcessGroupGloo,

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from coevolve.services.runtime.config import ConfigError
+from coevolve.services.runtime.stores import hosted_store
 
 
 @dataclass(frozen=True)
@@ -88,8 +89,9 @@ def attempt_store(ranks: Ranks) -> dist.Store:
     default group's keys carry no attempt: a restarted rank could read the address a dead rank published
     in the attempt before and fail to connect (seen: "Gloo connectFullMesh failed ... Connection refused")."""
     hosted = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and ranks.rank == 0
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), ranks.world_size,
-                          is_master=hosted, timeout=COMMAND_TIMEOUT, wait_for_workers=False)
+    address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    store = hosted_store(address, port, ranks.world_size, COMMAND_TIMEOUT, wait_for_workers=False) if hosted else \
+        dist.TCPStore(address, port, ranks.world_size, is_master=False, timeout=COMMAND_TIMEOUT, wait_for_workers=False)
     return dist.PrefixStore(f"coevolve/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
