@@ -102,7 +102,7 @@ class Archiver(Service):
     def step(self) -> None:
         """Poll once; store and commit the batch when it is full or old enough; stop when idle long enough."""
         cfg, batch = self.cfg, self.batch
-        items = self.consumer.poll(0.2)
+        items = self.consumer.poll(0.2, cfg.poll_records)
         self.beat()
         with gc_paused():
             for item in items:

@@ -21,6 +21,7 @@ class ArchiverConfig(ConsumerConfig):
     batch_seconds: float = doc(1.0, "Longest time a polled event waits before its batch is stored.")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.batch_size < 1 or self.batch_seconds <= 0:
             raise ConfigError("batch_size must be >= 1 and batch_seconds > 0")
         unknown = [t for t in self.topic_list if t not in CATALOG]

@@ -87,6 +87,7 @@ class ExplorerServiceConfig(ConsumerConfig):
                                 "sets it).")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if min(self.max_runs_per_period, self.max_tokens_per_period, self.max_seconds_per_period) < 0:
             raise ConfigError("period limits must be >= 0 (0: no limit)")
 

@@ -96,7 +96,7 @@ class Explorer(Service):
 
     def step(self) -> None:
         """Poll once, gather, explore the periods that closed, publish, and commit when no signal waits."""
-        items = self.consumer.poll(0.5)
+        items = self.consumer.poll(0.5, self.cfg.poll_records)  # bounded: a backlog is worked off in batches
         self.beat()
         plans: list[Plan] = []
         for item in items:
@@ -115,7 +115,9 @@ class Explorer(Service):
         outcomes: list[Outcome] = []
         if plans:
             with self.consumer.working():  # model work outlasts the poll interval; keep the group
-                outcomes = [self._explore(plan) for plan in plans]
+                for plan in plans:  # several periods closed at once after downtime: a beat after each
+                    outcomes.append(self._explore(plan))
+                    self.beat()
         self.uncommitted += len(items)
         if self.buffer.waiting:  # a commit now would lose the waiting signals (or step) on a crash
             self._publish(outcomes)

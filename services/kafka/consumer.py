@@ -108,9 +108,9 @@ class EventConsumer:
                 return [TopicPartition(t, p) for t in topics for p in sorted(known[t])]
             time.sleep(0.2)
 
-    def poll(self, timeout_s: float = 1.0) -> list[Delivered]:
-        """Return the next batch of decoded events; dead-letter the rest."""
-        batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000))
+    def poll(self, timeout_s: float = 1.0, max_records: int | None = None) -> list[Delivered]:
+        """Return the next batch of decoded events (at most `max_records` messages); dead-letter the rest."""
+        batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
         out: list[Delivered] = []
         for messages in batches.values():
             for msg in messages:

@@ -89,6 +89,12 @@ class ConsumerConfig(ServiceConfig):
     group_id: str = doc("", "Consumer group; its committed offsets are the service's progress. Empty: "
                             "coevolve-<service>.")
     idle_exit_seconds: float = doc(0.0, "Stop after this long with nothing to read or do; 0 runs until signalled.")
+    poll_records: int = doc(200, "Records one poll takes at most: the work between two commits is bounded by it, "
+                                 "so a backlog is worked off in committed batches.")
+
+    def __post_init__(self) -> None:
+        if self.poll_records < 1:
+            raise ConfigError(f"poll_records={self.poll_records} must be at least 1")
 
     def group(self, service: str) -> str:
         """The consumer group of `service`: group_id, or coevolve-<service>."""

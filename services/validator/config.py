@@ -58,6 +58,7 @@ class ValidatorServiceConfig(ConsumerConfig):
                                        "short stops the start (it would judge a redelivered group again).")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.group_wait_s <= 0 or self.catalog_read_s <= 0:
             raise ConfigError(f"group_wait_s={self.group_wait_s} and catalog_read_s={self.catalog_read_s} must "
                               "be > 0")

@@ -32,6 +32,8 @@ from coevolve.services.validator.groups import ExplorationGroups
 from coevolve.services.validator.novelty import NoveltyIndex
 from coevolve.services.validator.proposing import Checked, check_groups
 
+CHECK_BATCH = 8  # ready groups abstracted and checked in one batch; the loop beats between batches
+
 
 class Validator(Service):
     """Group explorations, abstract and validate each group, publish every verdict, then commit."""
@@ -113,7 +115,7 @@ class Validator(Service):
 
     def step(self) -> None:
         """Poll once, group, check the groups that are ready, publish, commit when no group waits."""
-        items = self.consumer.poll(0.5)
+        items = self.consumer.poll(0.5, self.cfg.poll_records)  # bounded: a backlog is worked off in batches
         self.beat()
         ready: list = []
         for item in items:
@@ -131,8 +133,11 @@ class Validator(Service):
         results: list[Checked] = []
         if ready:
             with self.consumer.working():  # model work outlasts the poll interval; keep the group
-                results = check_groups(ready, self.backend, self.index, self.core, self.sampling, self.limits,
-                                       self.attempt_sampling, self.cfg.attempts, self.catalog.get)
+                for start in range(0, len(ready), CHECK_BATCH):  # a beat after each batch of groups
+                    results += check_groups(ready[start:start + CHECK_BATCH], self.backend, self.index, self.core,
+                                            self.sampling, self.limits, self.attempt_sampling, self.cfg.attempts,
+                                            self.catalog.get)
+                    self.beat()
         self.uncommitted += len(items)
         if self.groups.pending:
             self._publish(ready, results)
