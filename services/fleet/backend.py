@@ -11,8 +11,10 @@ another; with none left, `generate` raises `FleetError`. A request a server refu
 An update waits for the requests in flight, holds new ones, and per server pauses it, broadcasts the
 weights over a transfer group of its own (`weight_transfer`: this package's gloo engine on CPU, vLLM's
 nccl engine on GPUs; opened on first use, re-opened after a failure), finishes the update with the new
-version, resets its prefix cache and resumes it. A server whose transfer fails
-keeps its old weights and version, and its completions say so; it is retried at the next update.
+version, resets its prefix cache and resumes it. A server whose gloo transfer fails keeps its old
+weights and version, and its completions say so; it is retried at the next update. One whose nccl
+transfer fails may hold layers of two versions (vLLM loads each as it arrives): it is marked down, and
+the next update, which revives it, replaces every layer.
 """
 from __future__ import annotations
 
@@ -32,6 +34,10 @@ from coevolve.services.agent.templates import ChatTemplate
 from coevolve.services.fleet.config import FleetConfig
 from coevolve.services.runtime.ports import free_port
 
+# The transfer engines whose server keeps its old weights whole when a transfer breaks half-way: this
+# package's gloo engine loads only at the round's end. vLLM's nccl engine loads each layer as it arrives,
+# so a server it leaves half-way is taken out (marked down) until an update lands in full.
+OLD_WEIGHTS_KEPT = ("gloo",)
 _HINT = ("start it with VLLM_SERVER_DEV_MODE=1 and --weight-transfer-config '{\"backend\": \"gloo\"}' "
          "(fleet.servers.LocalServers does)")
 
@@ -315,6 +321,10 @@ class FleetBackend:
                     errors.append(f"{server.url}: {type(exc).__name__}: {exc}")
                     if isinstance(exc, httpx.TransportError):
                         self._mark_down(server, f"{type(exc).__name__}: {exc}")
+                    elif self.fleet.weight_transfer not in OLD_WEIGHTS_KEPT:  # its layers may be of two versions
+                        self._mark_down(server, f"a transfer of version {new_version} broke half-way on "
+                                        f"{self.fleet.weight_transfer} ({type(exc).__name__}: {exc}); it serves "
+                                        "again after a complete update")
             taken = sum(s.up and s.version == new_version for s in self.servers)
             self.stats.extra["servers_behind"] = float(sum(s.up and s.version != new_version for s in self.servers))
             if not taken:

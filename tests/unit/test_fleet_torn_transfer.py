@@ -1,0 +1,42 @@
+"""A transfer that breaks half-way: on this package's gloo engine the server keeps its old weights and
+version (tests/integration/test_fleet.py shows it on real servers); on vLLM's nccl engine, which loads
+each layer as it arrives, the server may hold two versions' layers, so it is taken out until an update
+lands in full."""
+import threading
+
+import pytest
+import torch
+
+from coevolve.services.agent.generation import BackendStats
+from coevolve.services.fleet.backend import FleetBackend, _Server
+from coevolve.services.fleet.config import FleetConfig
+
+
+def fleet(engine: str) -> FleetBackend:
+    """A two-server fleet at version 3 (no HTTP: each server's push is the test's)."""
+    backend = FleetBackend.__new__(FleetBackend)
+    backend.fleet, backend.dtype, backend.version = FleetConfig(weight_transfer=engine), "float32", 3
+    backend.servers = [_Server("http://a", 0, version=3), _Server("http://b", 1, version=3)]
+    backend.stats = BackendStats(extra={"servers": 2.0, "servers_down": 0.0, "servers_behind": 0.0})
+    backend._cond, backend._updating, backend._generating = threading.Condition(), False, 0
+    backend._revive = lambda: None
+
+    def push(server, source, version):
+        if server.url == "http://b":
+            raise RuntimeError("peer closed the transfer after 3 of 30 layers")
+        server.version = version
+
+    backend._push = push
+    return backend
+
+
+@pytest.mark.parametrize("engine, b_up", [("gloo", True), ("nccl", False)])
+def test_a_half_way_transfer_takes_the_server_out_only_where_its_layers_may_be_mixed(engine, b_up):
+    backend = fleet(engine)
+    pushed = backend.update_weights([("w", torch.ones(2))])
+    a, b = backend.servers
+    assert pushed.version == 4 and pushed.servers == 1 and (a.up, a.version) == (True, 4)
+    assert b.up is b_up and b.version == 3  # never labelled with a version it may not hold whole
+    if not b_up:
+        assert "broke half-way on nccl" in b.error and "after a complete update" in b.error
+        assert backend.stats.extra["servers_down"] == 1.0
