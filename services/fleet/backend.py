@@ -3,7 +3,9 @@ and weight updates pushed to them through vLLM's weight-transfer API (`fleet/tra
 
 Requests go to `/v1/completions` with the prompt as token ids and come back with the generated ids
 (`return_token_ids`) and each one's log-probability (the servers run with processed log-probs, i.e. of
-the tempered distribution). They are spread over the live servers, fewest in flight first. A server
+the tempered distribution). They are spread over the live servers, fewest in flight first, and each
+completion carries the version its server reports (`/weight_info`, read before each batch), so a server
+restarted behind the learner's back counts as behind instead of under the newest label. A server
 that stops answering (refused or reset connection, 5xx) is marked down and its requests re-run on
 another; with none left, `generate` raises `FleetError`. A request a server refuses for its own reason
 (4xx) fails alone.
@@ -158,6 +160,22 @@ class FleetBackend:
                                  f"{_HINT}")
         return _parse_version(response.json().get("weight_version"))
 
+    def _confirm_versions(self) -> None:
+        """Each live server's version as it reports it (`/weight_info`), not as last pushed: a server restarted
+        behind the learner's back serves its starting weights, and its completions must say so (it is behind,
+        and the next update replaces its weights). One that does not answer is left to the requests."""
+        for server in self.servers:
+            if not server.up:
+                continue
+            try:
+                response = self.http.get(f"{server.url}/weight_info", timeout=10)
+                reported = _parse_version(response.json().get("weight_version")) if response.status_code == 200 \
+                    else None
+            except Exception:
+                continue
+            if reported is not None and reported != server.version:
+                server.version, server.engine = reported, None  # a new process: its transfer group is gone too
+
     def _served_model(self, server: _Server) -> str:
         try:
             return self.http.get(f"{server.url}/v1/models", timeout=10).json()["data"][0]["id"]
@@ -202,6 +220,7 @@ class FleetBackend:
         """Send every request concurrently across the live servers; keep their order."""
         started = time.monotonic()
         with self._generation():
+            self._confirm_versions()
             futures = [self.pool.submit(self._one, r, sampling) for r in requests]
             results = [f.result() for f in futures]
         lost = [r for r in results if isinstance(r, FleetError)]

@@ -55,11 +55,12 @@ def test_smoke_on_two_ranks_interrupted_and_resumed_publishes_every_step_once(tm
     trained = trained_steps(found)
     assert trained == list(range(1, STEPS + 1)), summary["updates_silent"]  # two-rank updates, every step
     assert len(found.get("PolicyUpdated", [])) == len(trained) == summary["weight_updates"]["count"]
-    # every push, the resumed learner's reload of its checkpoint included, gathers the two ranks' shards and
-    # reaches the server through the weight transfer
+    # every push, each session's push of its starting weights included (the fresh run's, and the resumed
+    # learner's reload of its checkpoint), gathers the two ranks' shards and reaches the server through the
+    # weight transfer
     servers = (tmp_path / "runs" / "ranks-e2e" / "learner" / "servers").glob("*.log")
     finished = sum(log.read_text().count('"POST /finish_weight_update HTTP/1.1" 200') for log in servers)
-    assert finished == len(trained) + 1
+    assert finished == len(trained) + 2
     logs = (tmp_path / "logs" / "learner.log").read_text()
     assert logs.count('"learner.rank_ready"') >= 2  # rank 1 of the first session and of the resumed one
     assert all(json.loads(line).get("slowest_rank") in (0, 1) for line in logs.splitlines()

@@ -12,7 +12,8 @@ after its update (the weights are no longer that step's: a resume replays the jo
 
 Resuming. `--resume` continues the run in the workdir (`replay.resolve_run`): it restores the latest
 checkpoint, replays the journal's entries after it without rollouts (`replay.py`), pushes the weights to
-the rollout backend once, and trains on from the step after the last entry.
+the rollout backend once, and trains on from the step after the last entry. A run on the rollout fleet
+pushes its starting weights at start too: a long-lived fleet may serve another run's policy.
 
 Unloadable tasks. A task whose episode cannot start is refused or dropped by the pool (sampler.py); the
 learner dead-letters an arrival (publish.py), logs `learner.task_unloadable`, counts it, and trains on.
@@ -110,8 +111,8 @@ class Learner(Service):
         self.producer = EventProducer(self.cfg.kafka_bootstrap, client_id="coevolve-learner", service="learner")
         version = self._replay()
         self.updates_done = self.trainer.updates
-        if self.done:  # the backend serves the starting weights; a resumed run has moved on
-            self.backend.update_weights(self.trainer.named_parameters(), version=version)
+        if self.done or isinstance(self.backend, FleetBackend):  # a resumed run has moved on; a fleet may be
+            self.backend.update_weights(self.trainer.named_parameters(), version=version)  # another run's
             self.telemetry.version.set(version)
         self.runner = StepRunner(self.cfg, self.grpo, self.pool, self.backend, self.trainer, self.sampling,
                                  self.limits, self.run_id, self.reward)

@@ -1,7 +1,8 @@
-"""A transfer that breaks half-way: on this package's gloo engine the server keeps its old weights and
-version (tests/integration/test_fleet.py shows it on real servers); on vLLM's nccl engine, which loads
-each layer as it arrives, the server may hold two versions' layers, so it is taken out until an update
-lands in full."""
+"""A server's version is what it holds. A transfer that breaks half-way: on this package's gloo engine the
+server keeps its old weights and version (tests/integration/test_fleet.py shows it on real servers); on
+vLLM's nccl engine, which loads each layer as it arrives, the server may hold two versions' layers, so it
+is taken out until an update lands in full. A server restarted behind the learner's back reports its
+starting weights, and its completions carry that version, not the last one pushed."""
 import threading
 
 import pytest
@@ -40,3 +41,35 @@ def test_a_half_way_transfer_takes_the_server_out_only_where_its_layers_may_be_m
     if not b_up:
         assert "broke half-way on nccl" in b.error and "after a complete update" in b.error
         assert backend.stats.extra["servers_down"] == 1.0
+
+
+class Reply:
+    def __init__(self, version):
+        self.status_code, self.version = 200, version
+
+    def json(self):
+        return {"weight_version": self.version}
+
+
+class Http:
+    """`/weight_info` of each server: a restarted one answers vLLM's "default"; one is unreachable."""
+
+    def __init__(self, versions):
+        self.versions = versions
+
+    def get(self, url, timeout):
+        version = self.versions[url.rsplit("/", 1)[0]]
+        if version is None:
+            raise ConnectionError("refused")
+        return Reply(version)
+
+
+def test_a_server_restarted_behind_the_learners_back_is_behind_and_its_completions_say_so():
+    backend = fleet("gloo")
+    backend.servers.append(_Server("http://c", 2, version=3))
+    backend.servers[0].engine = backend.servers[1].engine = object()
+    backend.http = Http({"http://a": "3", "http://b": "default", "http://c": None})
+    backend._confirm_versions()
+    a, b, c = backend.servers
+    assert (a.version, b.version, c.version) == (3, 0, 3)  # b serves its starting weights; c is left to requests
+    assert a.engine is not None and b.engine is None  # the restarted process's transfer group is gone
