@@ -315,7 +315,7 @@ def archive_import(
     except ArchiveError as exc:
         raise typer.BadParameter(str(exc), param_hint="--clickhouse") from None
     try:
-        counts = import_files(client, input, run_suffix=run_suffix)
+        counts = import_files(client, input, run_suffix=run_suffix, streamed=not url.startswith("chdb:"))
     except LogFileError as exc:
         raise typer.BadParameter(str(exc), param_hint="--input") from None
     finally:

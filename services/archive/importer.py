@@ -1,8 +1,10 @@
 """`coevolve archive import`: load Avro log files (as `coevolve simulate --output` writes them, or a
 backup) into the archive, one SQL pass per file, idempotently.
 
-ClickHouse reads the container files itself; rows get the columns the archiver writes, with
-log_partition -1 and the record index as offset. Importing a file again re-inserts the same rows,
+chDB, in this process, reads the container files itself. A ClickHouse server cannot (the files are on
+the client's disk, not the server's): the client decodes them and sends the rows as the archiver does
+(`streamed`). Either way rows get the columns the archiver writes, with log_partition -1 and the record
+index as offset. Importing a file again re-inserts the same rows,
 which collapse into the stored ones by event_id (ReplacingMergeTree, read with FINAL), as the
 archiver's redelivered batches do. `run_suffix` renames runs and event ids, to load one log as
 several runs (benchmarks).
@@ -16,8 +18,9 @@ from pathlib import Path
 
 import fastavro
 
+from coevolve.schemas import default_registry
 from coevolve.schemas.container import LogFileError, log_paths, record_name
-from coevolve.services.archive.rows import COLUMNS, ORIGIN, TABLE_OF, schema_defaults
+from coevolve.services.archive.rows import COLUMNS, ORIGIN, TABLE_OF, rows_for, schema_defaults
 from coevolve.services.clickhouse.sql import literal, quote_path
 
 # Columns that are not the event field of the same name: Avro enums as text, a trajectory's action names.
@@ -97,9 +100,12 @@ def log_files(paths) -> list[Path]:
     return out
 
 
-def import_files(client, paths, database: str = "coevolve", run_suffix: str = "") -> dict[str, int]:
+def import_files(client, paths, database: str = "coevolve", run_suffix: str = "", streamed: bool = False
+                 ) -> dict[str, int]:
     """Insert every event of the given log files (their sibling event files included); return the
-    events read per record type. Raise LogFileError for a file that is not an importable event log."""
+    events read per record type. `streamed`: the client decodes the files and sends the rows (a server,
+    which cannot read the client's files); else the engine reads them (chDB). Raise LogFileError for a
+    file that is not an importable event log."""
     counts: dict[str, int] = {}
     suffix = literal(run_suffix)
     run, eid = f"concat(run_id, {suffix})", f"concat(event_id, {suffix})"
@@ -108,8 +114,37 @@ def import_files(client, paths, database: str = "coevolve", run_suffix: str = ""
         if name not in IMPORTABLE:
             raise LogFileError(f"{path}: {name} files cannot be imported ({', '.join(IMPORTABLE)} can)")
     for path, name in files:
+        if streamed:
+            counts[name] = counts.get(name, 0) + _stream(client, database, path, name, run_suffix)
+            continue
         src = f"file({quote_path(path)}, 'Avro')"
         for statement in _inserts(database, src, name, _file_fields(path), run, eid):
             client.command(statement)
         counts[name] = counts.get(name, 0) + int(client.query(f"SELECT count() FROM {src}").result_rows[0][0])
     return counts
+
+
+def _stream(client, database: str, path: Path, name: str, run_suffix: str, batch: int = 5000) -> int:
+    """Decode one file here (resolved to the current schema, so fields added since take their defaults) and
+    insert its rows in batches; the events read."""
+    rows: dict[str, list[list]] = {}
+    count = 0
+
+    def flush() -> None:
+        for table, table_rows in rows.items():
+            client.insert(f"{database}.{table}", [list(c) for c in zip(*table_rows)], column_names=COLUMNS[table],
+                          column_oriented=True)
+        rows.clear()
+
+    current = default_registry().current[name].parsed
+    with open(path, "rb") as fh:
+        for index, event in enumerate(fastavro.reader(fh, reader_schema=current)):
+            if run_suffix:
+                event = {**event, "event_id": event["event_id"] + run_suffix, "run_id": event["run_id"] + run_suffix}
+            for table, table_rows in rows_for(name, event, -1, index).items():
+                rows.setdefault(table, []).extend(table_rows)
+            count += 1
+            if count % batch == 0:
+                flush()
+    flush()
+    return count

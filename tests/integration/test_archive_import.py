@@ -148,3 +148,29 @@ def test_signal_files_are_refused_before_anything_is_imported(tmp_path):
         assert client.query("SELECT count() FROM coevolve.evaluations").result_rows == [(0,)]
     finally:
         client.close()
+
+
+def test_a_streamed_import_for_a_server_stores_what_the_engines_own_read_stores(tmp_path):
+    """A server cannot read the client's files: the client decodes them and sends the rows. The archive it
+    builds equals the one chDB builds reading the files itself, an older schema's file and a run suffix
+    included."""
+    write_file(SimulationConfig(steps=3, tasks=10, batch_tasks=5, group_size=4), tmp_path / "run.avro")
+    events = sample_events()
+    with LogWriter(tmp_path / "loop.avro") as writer:
+        for name in LOOP_EVENTS:
+            writer.write(name, events[name])
+    _v1_steps(tmp_path / "old.avro")
+    paths = [tmp_path / "run.avro", *(tmp_path / f"loop.{name}.avro" for name in LOOP_EVENTS), tmp_path / "old.avro"]
+    archives = {}
+    for streamed in (False, True):
+        url = f"chdb://{tmp_path}/ch-{streamed}"
+        client = connect(url)
+        try:
+            counts = import_files(client, paths, run_suffix="-x", streamed=streamed)
+        finally:
+            client.close()
+        archives[streamed] = (counts, _snapshot(url)[0])
+    assert archives[True] == archives[False]
+    counts, tables = archives[True]
+    assert counts["TrajectoryRecorded"] == len(tables["trajectories"]) > 0 and counts["StepCompleted"] == 3 + 1 + 1
+    assert all(row[0].endswith("-x") for row in tables["trajectories"])
