@@ -177,6 +177,8 @@ class SamplerConfig:
     static_wait_s: float = doc(0.0, "static: seconds to read coevolve.tasks before training starts, at most.")
     static_tasks: int = doc(0, "static: the tasks the static exploration proposes (the explorer's count); the "
                                "wait ends once each has a verdict of this run's step 0. 0 waits static_wait_s.")
+    inherit_tasks: bool = doc(False, "Take in the tasks every run validated on this broker (an earlier run's "
+                                     "too); false: only this run's own loop's.")
     fresh_first: bool = doc(False, "A synthesized task never drawn takes a batch slot before the mixing draws "
                                    "the rest (oldest first, at most B a step): each validated task is trained on "
                                    "at the first step after it joins.")

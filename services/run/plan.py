@@ -36,9 +36,10 @@ LIVENESS_S = {"streams": 120.0, "archiver": 120.0, "explorer": 1800.0, "validato
 # Set by the run itself for every process; a preset may not override them.
 MANAGED = {"kafka_bootstrap", "metrics_port", "metrics_host", "workdir", "datadir", "run_id", "resume"}
 # Keys a process takes from the learner's section: the explorer explores the learner's seed pool (and, in
-# the static arm, as many tasks as the learner waits for), and a process acting with the learner's policy
-# (run.shared_policy) lists the tools as it was trained to.
-FROM_LEARNER = {"explorer": ("categories", "seed_tasks", "static_tasks")}
+# the static arm, as many tasks as the learner waits for), the validator checks novelty against the tasks
+# the learner's pool takes in, and a process acting with the learner's policy (run.shared_policy) lists
+# the tools as it was trained to.
+FROM_LEARNER = {"explorer": ("categories", "seed_tasks", "static_tasks"), "validator": ("inherit_tasks",)}
 FROM_SHARED_POLICY = ("tool_docs",)
 
 
@@ -230,7 +231,7 @@ def inherit(data: dict[str, dict[str, Any]], sharing: tuple[str, ...]) -> None:
         keys = FROM_LEARNER.get(service, ()) + (FROM_SHARED_POLICY if service in sharing else ())
         for key in keys:
             if key in data.get(service, {}):
-                why = "explores the learner's seed pool" if key in FROM_LEARNER.get(service, ()) else \
+                why = "works for the learner's pool" if key in FROM_LEARNER.get(service, ()) else \
                     "acts with the learner's policy (run.shared_policy)"
                 raise ConfigError(f"{service}.{key}: the {service} {why}, so it takes learner.{key}; set that "
                                   "instead")

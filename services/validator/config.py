@@ -18,6 +18,8 @@ class ValidatorConfig:
 
     validation: bool = doc(True, "Run the executable, novel and dual-pass stages; false (--no-validation) "
                                  "is the paper's ablation and keeps every well-formed task.")
+    inherit_tasks: bool = doc(False, "Check a run's proposals for novelty against the tasks every run validated "
+                                     "on this broker; false: against the seeds and that run's own.")
     similarity_threshold: float = doc(90.0, "Instructions at least this similar (rapidfuzz token_sort_ratio, "
                                             "0-100) to a known task's make a proposal a near-duplicate.")
     max_turns: int = doc(6, "Most user turns a proposed task may have.")

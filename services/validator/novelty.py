@@ -76,3 +76,18 @@ class NoveltyIndex:
                                                     f"{score:.1f}% similar (threshold {self.threshold:g})")
         return StageOutcome("novel", True, f"no known task among {len(self)} has the same reference on the "
                                            f"same state or instructions {self.threshold:g}% similar")
+
+
+class RunIndexes:
+    """The index each run's proposals are checked against: the seed tasks and the tasks validated for that
+    run, or, with `inherit`, for any run on the broker (what the learner's pool takes in alike)."""
+
+    def __init__(self, seeds: Iterable[Task], threshold: float, inherit: bool):
+        self.seeds, self.threshold, self.inherit = list(seeds), threshold, inherit
+        self._by_run: dict[str, NoveltyIndex] = {}
+
+    def get(self, run_id: str) -> NoveltyIndex:
+        key = "" if self.inherit else run_id
+        if key not in self._by_run:
+            self._by_run[key] = NoveltyIndex(self.seeds, self.threshold)
+        return self._by_run[key]

@@ -10,12 +10,14 @@ that is not an `ExplorationRecorded` is dead-lettered (`invalid`).
 A task is judged once. Its id derives from the group's exploration ids, and at start the validator
 reads every verdict on `coevolve.tasks`: a group redelivered after a crash between publishing and
 committing (or re-emitted upstream) has a verdict already, so it is skipped, not judged again, and no
-second verdict can replace the first under the compacted key. The tasks validated before join the
-novelty index, so a restart keeps rejecting their duplicates, and the task catalog, so an exploration of
-a task the loop made (a signal on a synthesized task) builds a second-generation task from it.
+second verdict can replace the first under the compacted key. The tasks validated before join their
+run's novelty index (every run's with `inherit_tasks`, as the learner's pool takes them in), so a restart
+keeps rejecting their duplicates, and the task catalog, so an exploration of a task the loop made (a
+signal on a synthesized task) builds a second-generation task from it.
 """
 from __future__ import annotations
 
+import itertools
 import time
 
 from prometheus_client import Counter, Gauge
@@ -29,10 +31,14 @@ from coevolve.services.runtime.service import Service
 from coevolve.services.validator.abstraction import synthesized_task_id
 from coevolve.services.validator.config import ValidatorServiceConfig, ValidatorSettings
 from coevolve.services.validator.groups import ExplorationGroups
-from coevolve.services.validator.novelty import NoveltyIndex
+from coevolve.services.validator.novelty import RunIndexes
 from coevolve.services.validator.proposing import Checked, check_groups
 
 CHECK_BATCH = 8  # ready groups abstracted and checked in one batch; the loop beats between batches
+
+
+def _run(group: list) -> str:
+    return str(group[0]["run_id"])
 
 
 class Validator(Service):
@@ -51,7 +57,7 @@ class Validator(Service):
         self.attempt_sampling = SamplingConfig(temperature=cfg.attempt_temperature, max_new_tokens=gen.max_new_tokens,
                                                seed=backend_cfg.seed)
         self.limits = settings.limits
-        self.index: NoveltyIndex | None = None
+        self.indexes: RunIndexes | None = None
         self.judged: dict[str, str] = {}  # task id -> its verdict, from coevolve.tasks and this process
         self.delivered: dict = {}
         self.backend = self.consumer = self.producer = self.catalog_reader = None
@@ -82,7 +88,8 @@ class Validator(Service):
         from coevolve.services.envs.bfcl_data import load_tasks
 
         cfg = self.cfg
-        self.index = NoveltyIndex(load_tasks(split="all"), self.core.similarity_threshold)
+        seeds = load_tasks(split="all")
+        self.indexes = RunIndexes(seeds, self.core.similarity_threshold, self.core.inherit_tasks)
         known = self._load_catalog()
         self.backend = make_backend(self.backend_cfg)
         self.producer = EventProducer(cfg.kafka_bootstrap, client_id="coevolve-validator", service="validator")
@@ -90,7 +97,7 @@ class Validator(Service):
                                       service="validator", deadletters=self.producer)
         self.log.info("validator.started", bootstrap=cfg.kafka_bootstrap, validation=self.core.validation,
                       model=self.backend_cfg.model, backend=self.backend_cfg.backend,
-                      seeds=len(self.index) - known, validated_before=known)
+                      seeds=len(seeds), validated_before=known)
         self.last_event = time.monotonic()
 
     def _load_catalog(self) -> int:
@@ -109,7 +116,7 @@ class Validator(Service):
                     self.log.warning("validator.catalog_task_skipped", task_id=record["task_id"],
                                      error=self.catalog.skipped.get(str(record["task_id"]), ""))
                 continue
-            self.index.add(self.catalog.get(str(record["task_id"])))
+            self.indexes.get(str(record["run_id"])).add(self.catalog.get(str(record["task_id"])))
             known += 1
         return known
 
@@ -133,11 +140,14 @@ class Validator(Service):
         results: list[Checked] = []
         if ready:
             with self.consumer.working():  # model work outlasts the poll interval; keep the group
-                for start in range(0, len(ready), CHECK_BATCH):  # a beat after each batch of groups
-                    results += check_groups(ready[start:start + CHECK_BATCH], self.backend, self.index, self.core,
-                                            self.sampling, self.limits, self.attempt_sampling, self.cfg.attempts,
-                                            self.catalog.get)
-                    self.beat()
+                ready.sort(key=_run)  # each run's groups against its own novelty index (`RunIndexes`)
+                for run_id, groups in itertools.groupby(ready, key=_run):
+                    groups = list(groups)
+                    for start in range(0, len(groups), CHECK_BATCH):  # a beat after each batch of groups
+                        results += check_groups(groups[start:start + CHECK_BATCH], self.backend,
+                                                self.indexes.get(run_id), self.core, self.sampling, self.limits,
+                                                self.attempt_sampling, self.cfg.attempts, self.catalog.get)
+                        self.beat()
         self.uncommitted += len(items)
         if self.groups.pending:
             self._publish(ready, results)

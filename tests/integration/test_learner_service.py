@@ -54,9 +54,10 @@ def read(bootstrap, topics):
         consumer.close()
 
 
-def task_checked(verdict: str, task_id: str = "syn-1") -> dict:
+def task_checked(verdict: str, task_id: str = "syn-1", run_id: str = "run-it") -> dict:
+    """A verdict of the run's own loop (the learner takes in no other run's tasks by default)."""
     return {**load_tasks(split="train")[5].to_record(), "event_id": str(uuid.uuid4()), "task_id": task_id,
-            "run_id": "r", "step": 1, "source": "synthesized", "verdict": verdict, "reason": "",
+            "run_id": run_id, "step": 1, "source": "synthesized", "verdict": verdict, "reason": "",
             "signal_ids": [], "exploration_ids": [], "validation_score": None, "stage": None, "stages": [],
             "seed_task_id": None, "produced_at": int(time.time() * 1000)}
 
@@ -161,10 +162,10 @@ def test_the_subjects_of_the_signals_behind_pooled_tasks_are_evaluated_apart_fro
         bootstrap, tmp_path):
     subject = SeedPoolConfig(seed_tasks=3).tasks()[1].task_id
     with EventProducer(bootstrap) as producer:
-        producer.send(TASKS.name, {**task_checked("validated", "syn-from-signal"), "signal_ids": ["sig-1"],
+        producer.send(TASKS.name, {**task_checked("validated", "syn-from-signal", "run-sub"), "signal_ids": ["sig-1"],
                                    "seed_task_id": subject}, key="syn-from-signal")
-        producer.send(TASKS.name, {**task_checked("validated", "syn-random"), "seed_task_id": "multi_turn_base_9"},
-                      key="syn-random")
+        producer.send(TASKS.name, {**task_checked("validated", "syn-random", "run-sub"),
+                                   "seed_task_id": "multi_turn_base_9"}, key="syn-random")
         producer.flush()
     learner(bootstrap, tmp_path, steps=2, run_id="run-sub", eval_every=2, eval_tasks=1, eval_subjects=True).run()
     evaluations = {e["split"]: e for e in read(bootstrap, [EVALUATIONS.name])}

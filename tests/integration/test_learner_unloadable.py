@@ -16,9 +16,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
 def test_an_unloadable_task_is_dead_lettered_and_the_learner_trains_on(bootstrap, tmp_path):
-    good = task_checked("validated", task_id="syn-good")
+    good = task_checked("validated", task_id="syn-good", run_id="run-poison")
     state = json.loads(good["initial_state"])
-    bad = {**task_checked("validated", task_id="syn-bad"),
+    bad = {**task_checked("validated", task_id="syn-bad", run_id="run-poison"),
            "initial_state": json.dumps({**state, "GorillaFileSystem": {"root": 5}})}
     producer = EventProducer(bootstrap)
     for record in (bad, good):

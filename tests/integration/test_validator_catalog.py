@@ -40,12 +40,14 @@ def test_a_started_validator_counts_the_tasks_validated_before_as_known(bootstra
                                             backend=BackendConfig(model="tiny-random", backend="transformers")))
     try:
         validator.start()
-        seeds = len(bfcl_data.load_tasks(split="all"))
-        assert len(validator.index) == seeds + 1
+        seeds, index = len(bfcl_data.load_tasks(split="all")), validator.indexes.get("r0")
+        assert len(index) == seeds + 1
         again = dataclasses.replace(kept, task_id="synthesized_again")
-        outcome = validator.index.check(again)
+        outcome = index.check(again)
         assert not outcome.passed and "synthesized_kept" in outcome.reason
-        assert validator.index.check(dataclasses.replace(dropped, task_id="synthesized_new")).passed
+        assert index.check(dataclasses.replace(dropped, task_id="synthesized_new")).passed
+        # another run on the same broker checks against the seeds and its own tasks only (inherit_tasks off)
+        assert len(validator.indexes.get("r1")) == seeds and validator.indexes.get("r1").check(again).passed
     finally:
         validator.finish()
 

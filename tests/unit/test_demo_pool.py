@@ -14,9 +14,9 @@ def demo_learner() -> Learner:
     return Learner(assemble(LearnerSettings, "learner", environ=env))
 
 
-def validated(seed, task_id: str) -> dict:
-    """What the validator publishes for a one-turn task abstracted from explorations of `seed`."""
-    return {**seed.to_record(), "task_id": task_id, "instruction_turns": [seed.turns[0]],
+def validated(seed, task_id: str, run_id: str) -> dict:
+    """What the validator publishes for a one-turn task abstracted from explorations of `seed` in a run."""
+    return {**seed.to_record(), "task_id": task_id, "instruction_turns": [seed.turns[0]], "run_id": run_id,
             "reference_solution": [list(seed.reference[0])], "verdict": "validated", "source": "synthesized"}
 
 
@@ -29,7 +29,8 @@ def test_the_demo_pool_takes_a_validated_task_between_steps_and_the_next_step_dr
     first = pool.draw(b)
     assert all(d.source == "seed" for d in first)
     seed = next(iter(pool.seed_tasks.values()))
-    pool.offer(validated(seed, "synthesized_demo"))  # arrives while step 1 runs
+    pool.offer(validated(seed, "synthesized_demo", learner.run_id))  # arrives while step 1 runs
+    pool.offer(validated(seed, "synthesized_elsewhere", "an-earlier-run"))  # not inherited (inherit_tasks off)
     assert pool.size == 16
     pool.refresh(2)
     assert pool.size == 17 and load_problem(pool.synthesized["synthesized_demo"][0]) is None

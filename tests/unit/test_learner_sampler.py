@@ -196,6 +196,16 @@ def test_the_feed_offers_verdicts_and_dead_letters_every_other_event_type():
     assert made.closed == [True, True]  # the consumer and its dead-letter producer
 
 
+def test_a_pool_of_a_run_takes_in_that_runs_tasks_alone_unless_it_inherits():
+    own, earlier = {**verdict("syn-own"), "run_id": "run-b"}, {**verdict("syn-earlier"), "run_id": "run-a"}
+    for run_id, joined in (("run-b", ["syn-own"]), (None, ["syn-earlier", "syn-own"])):
+        p = TaskPool(SEEDS, SamplerConfig(), rng_seed=7, run_id=run_id)
+        p.offer(earlier)
+        p.offer(own)
+        p.refresh(1)
+        assert sorted(p.synthesized) == joined
+
+
 def test_the_static_wait_ends_when_the_static_tasks_of_this_run_have_verdicts():
     import threading
     import time

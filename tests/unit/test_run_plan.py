@@ -90,9 +90,14 @@ def test_processes_take_the_learners_seed_pool_and_a_shared_policys_tool_listing
     alone = make_plan("smoke", ["learner.tool_docs=signatures", "run.shared_policy=explorer",
                                 "validator.model=tiny-random", "validator.tool_docs=full"])
     assert alone.value("validator", "tool_docs") == "full"  # its own policy lists tools its own way
-    with pytest.raises(ConfigError, match=r"explorer.seed_tasks: the explorer explores the learner's seed pool, "
+    with pytest.raises(ConfigError, match=r"explorer.seed_tasks: the explorer works for the learner's pool, "
                                           r"so it takes learner.seed_tasks"):
         make_plan("smoke", ["explorer.seed_tasks=3"])
+    inheriting = make_plan("smoke", ["learner.inherit_tasks=true", "learner.static_tasks=2"])
+    assert inheriting.env("validator")["VALIDATOR_INHERIT_TASKS"] == inheriting.env("learner")["LEARNER_INHERIT_TASKS"]
+    assert inheriting.env("explorer")["EXPLORER_STATIC_TASKS"] == "2"
+    with pytest.raises(ConfigError, match=r"validator.inherit_tasks: .* so it takes learner.inherit_tasks"):
+        make_plan("smoke", ["validator.inherit_tasks=true"])
 
 
 def test_restarts_are_budgeted_per_window_with_a_backoff_and_checked():

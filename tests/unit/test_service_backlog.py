@@ -87,6 +87,7 @@ def test_an_explorer_working_off_a_backlog_stays_healthy_and_commits_each_bounde
 def test_a_validator_checking_a_backlog_of_groups_beats_between_batches(monkeypatch):
     from coevolve.services.validator import service as validator_service
     from coevolve.services.validator.config import ValidatorConfig, ValidatorServiceConfig, ValidatorSettings
+    from coevolve.services.validator.novelty import RunIndexes
     from coevolve.services.validator.proposing import Checked
 
     explored = sample_events()["ExplorationRecorded"]
@@ -99,6 +100,7 @@ def test_a_validator_checking_a_backlog_of_groups_beats_between_batches(monkeypa
     validator = validator_service.Validator(ValidatorSettings(validator=ValidatorConfig(rounds_per_group=1),
                                                               service=ValidatorServiceConfig(poll_records=groups)))
     validator.consumer, validator.producer, validator.stale_s = consumer, Producer(), 2 * EXPLORE_S
+    validator.indexes = RunIndexes([], 90.0, inherit=False)
     batches = []
 
     def slow(ready, *args):

@@ -83,8 +83,9 @@ class TaskPool:
     """Seed tasks and synthesized tasks; arrivals wait in a buffer until `refresh()`."""
 
     def __init__(self, seed_tasks: Sequence[Task], config: SamplerConfig, rng_seed: int = 0,
-                 check: Callable[[Task], str | None] = load_problem):
+                 check: Callable[[Task], str | None] = load_problem, run_id: str | None = None):
         self.config = config
+        self.run_id = run_id  # only this run's verdicts are taken in; None takes every run's
         self.seed_tasks = {t.task_id: t for t in seed_tasks}
         self.synthesized: dict[str, tuple[Task, int]] = {}  # task id -> (task, step it joined)
         self.rng = random.Random(rng_seed)
@@ -128,7 +129,7 @@ class TaskPool:
 
     def _apply(self, record: dict[str, Any], step: int, origin: Origin | None = None) -> None:
         task_id = str(record.get("task_id", ""))
-        if task_id in self.seed_tasks:
+        if task_id in self.seed_tasks or (self.run_id is not None and record.get("run_id") != self.run_id):
             return
         if record.get("verdict") != "validated":
             self.synthesized.pop(task_id, None)

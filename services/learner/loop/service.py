@@ -154,7 +154,8 @@ class Learner(Service):
 
     def _pool(self) -> TaskPool:
         """A fresh pool of the seed tasks (a resumed run restores its state after)."""
-        return TaskPool(self.seeds.tasks(), self.sampler_cfg, rng_seed=self.backend_cfg.seed)
+        return TaskPool(self.seeds.tasks(), self.sampler_cfg, rng_seed=self.backend_cfg.seed,
+                        run_id=None if self.sampler_cfg.inherit_tasks else self.run_id)
 
     def starting_policy(self) -> str:
         """The model the first rollouts come from: the warmed one when the warm-up is on (`warm_up`),
@@ -166,9 +167,8 @@ class Learner(Service):
         from coevolve.services.learner.loop.warmup import warm_model
 
         base = self.backend_cfg.model
-        tasks = list({t.task_id: t for t in self.seeds.tasks()}.values())  # the pool's seed tasks
         path = warm_model(base, self.backend_cfg.coevolve_home, self.warmup_cfg, self.grpo, self.backend_cfg.seed,
-                          tasks, self.limits)
+                          self.seeds.tasks(), self.limits)  # the pool's seed tasks
         self.log.info("learner.warmed", base=base, model=str(path))
         return str(path)
 

@@ -106,9 +106,10 @@ def warm_key(base: Path, warm: WarmupConfig, grpo: GRPOConfig, seed: int, tasks:
 
 def warm_model(base_name: str, home: Path, warm: WarmupConfig, grpo: GRPOConfig, seed: int, tasks: Sequence[Task],
                limits: EpisodeLimits) -> Path:
-    """The warmed model's directory, trained on first use."""
+    """The warmed model's directory, trained on first use (on each task once)."""
     from coevolve.services.agent.models import cached_model, resolve_model
 
+    tasks = list({t.task_id: t for t in tasks}.values())
     base = resolve_model(base_name, home)
     name = f"{base.name}-warm-{warm_key(base, warm, grpo, seed, tasks, limits)}"
     return cached_model(home, name, lambda out, _home: train(base, out, warm, grpo, seed, tasks, limits))
