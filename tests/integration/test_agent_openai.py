@@ -16,7 +16,7 @@ from coevolve.services.envs.bfcl_data import get_task
 from coevolve.services.runtime.ports import free_port
 from tests.agent_engines import TINY_RANDOM, backend_config, model_dir
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.heavy]
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from coevolve.services.envs import make_env
 from coevolve.services.envs.bfcl_data import get_task
 from tests.agent_engines import SMOLLM2, TINY_RANDOM, backend_config, hf_backend, vllm_backend
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.heavy]
 
 GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=32)
 

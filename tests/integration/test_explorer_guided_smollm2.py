@@ -16,7 +16,7 @@ from tests.unit.test_explorer_reflection import boundary_signal
 from tests.unit.test_explorer_service import _plan
 from tests.unit.test_explorer_subjects import CHILD_ID, _validated
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.heavy]
 
 CONFIG = ExplorerConfig(runs=3, calls_per_run=4, signals_per_step=1)
 CALLS = SamplingConfig(temperature=1.0, max_new_tokens=96, seed=0)

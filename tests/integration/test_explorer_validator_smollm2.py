@@ -6,7 +6,7 @@ from coevolve.services.kafka.topics import DEADLETTER, EXPLORATIONS, TASKS
 from tests.integration.test_explorer_validator import (FAST, _assert_one_verdict_per_group, _assert_replays,
                                                        _publish_period, _read, _run)
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.heavy]
 
 SMOLLM2 = ["--model", "smollm2-135m-instruct", "--backend", "vllm", "--max-new-tokens", "96",
            "--json-max-new-tokens", "512"]

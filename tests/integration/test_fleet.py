@@ -21,7 +21,7 @@ from coevolve.services.fleet.servers import LocalServers
 from coevolve.services.learner.trainer.grpo import token_logprobs
 from tests.agent_engines import TINY_RANDOM, backend_config, model_dir
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.heavy]
 
 TOLERANCE = 1e-4
 """Largest |server - learner| log-prob allowed after an update (float32 on both sides; 3e-6 measured)."""

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.heavy]
 
 STARTER = """
 import sys, time

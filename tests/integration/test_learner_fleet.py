@@ -17,7 +17,7 @@ from coevolve.services.learner.loop.checkpoint import latest_checkpoint
 from coevolve.services.runtime.ports import free_port
 from tests.agent_engines import TINY_RANDOM, backend_config, model_dir
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.heavy]
 B, K = 2, 2
 
 

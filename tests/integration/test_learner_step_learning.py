@@ -32,7 +32,7 @@ from coevolve.services.learner.trainer.shapes import random_llama
 from coevolve.services.learner.loop.step import StepRunner
 from tests.agent_helpers import OneTurn, byte_tokenizer
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.heavy]
 
 NEW = 8
 TASKS = [Task(f"toy-{i}", (f"Write anything, number {i}.",), {}, ()) for i in range(8)]

@@ -39,3 +39,9 @@ def test_every_test_folder_is_a_tier_and_its_modules_carry_its_markers():
              for tier, marks in TIERS.items() for path in sorted((TESTS / tier).glob("test_*.py"))
              if not (marks <= _module_marks(path) if marks else "integration" not in _module_marks(path))]
     assert wrong == []
+
+
+def test_heavy_marks_only_integration_files_that_start_vllm():
+    heavy = {path.relative_to(TESTS).as_posix() for path in TESTS.glob("*/test_*.py") if "heavy" in _module_marks(path)}
+    assert heavy and all(p.startswith("integration/") for p in heavy)
+    assert all("vllm" in (TESTS / p).read_text().lower() for p in heavy), heavy  # an engine, a server or a fleet
