@@ -51,8 +51,9 @@ class StreamsWorker(Service):
 
     def _assigned(self) -> bool:
         """Whether this worker holds partitions (a worker beyond the partition count holds none)."""
+        consumer = self.app._consumer  # not `app.consumer`, which would make one here, in the health thread
         try:
-            return bool(self.app.consumer.assignment())
+            return consumer is not None and bool(consumer.assignment())
         except Exception:  # the consumer is not up yet: not stuck, starting
             return False
 

@@ -19,7 +19,7 @@ class Consumer:
 
 class App:
     def __init__(self, assigned):
-        self.consumer = Consumer(assigned)
+        self._consumer = Consumer(assigned)
 
 
 def worker(assigned, started_ago: float) -> StreamsWorker:
@@ -49,3 +49,6 @@ def test_an_app_that_never_ticked_fails_after_the_allowance_from_its_start():
 def test_a_worker_without_partitions_or_not_yet_consuming_is_not_stuck():
     assert worker(set(), started_ago=600).health()[0]  # more workers than partitions
     assert worker(None, started_ago=600).health()[0]  # the consumer is still starting
+    unmade = worker(set(), started_ago=600)
+    unmade.app._consumer = None  # Faust has not made its consumer yet: the probe must not make one
+    assert unmade.health()[0] and unmade.app._consumer is None
