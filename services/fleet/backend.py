@@ -149,16 +149,23 @@ class FleetBackend:
 
     def _check(self, server: _Server) -> int:
         """The server's version; FleetError when it does not answer /health and /weight_info."""
-        for path in ("health", "weight_info"):
-            try:
-                response = self.http.get(f"{server.url}/{path}", timeout=10)
-            except Exception as exc:
-                raise FleetError(f"vLLM server {server.url} does not answer /{path} ({type(exc).__name__}: {exc}); "
-                                 f"is it running?") from exc
-            if response.status_code != 200:
-                raise FleetError(f"vLLM server {server.url} answers /{path} with HTTP {response.status_code}; "
-                                 f"{_HINT}")
-        return _parse_version(response.json().get("weight_version"))
+        self._get(server, "health")
+        return self._version(server)
+
+    def _get(self, server: _Server, path: str) -> Any:
+        """A 200 answer of the server's `/path`; FleetError otherwise."""
+        try:
+            response = self.http.get(f"{server.url}/{path}", timeout=10)
+        except Exception as exc:
+            raise FleetError(f"vLLM server {server.url} does not answer /{path} ({type(exc).__name__}: {exc}); "
+                             f"is it running?") from exc
+        if response.status_code != 200:
+            raise FleetError(f"vLLM server {server.url} answers /{path} with HTTP {response.status_code}; {_HINT}")
+        return response
+
+    def _version(self, server: _Server) -> int:
+        """The version the server reports holding (`/weight_info`); FleetError when it does not answer."""
+        return _parse_version(self._get(server, "weight_info").json().get("weight_version"))
 
     def _confirm_versions(self) -> None:
         """Each live server's version as it reports it (`/weight_info`), not as last pushed: a server restarted
@@ -168,12 +175,10 @@ class FleetBackend:
             if not server.up:
                 continue
             try:
-                response = self.http.get(f"{server.url}/weight_info", timeout=10)
-                reported = _parse_version(response.json().get("weight_version")) if response.status_code == 200 \
-                    else None
-            except Exception:
+                reported = self._version(server)
+            except FleetError:
                 continue
-            if reported is not None and reported != server.version:
+            if reported != server.version:
                 server.version, server.engine = reported, None  # a new process: its transfer group is gone too
 
     def _served_model(self, server: _Server) -> str:

@@ -124,9 +124,13 @@ class Service:
         unhealthy although its loop beats, so a supervisor restarts it."""
         self._watched.append(check)
 
+    def failures(self) -> list[str]:
+        """The reasons the watched checks give now (`watch`)."""
+        return [why for why in (check() for check in self._watched) if why]
+
     def health(self) -> tuple[bool, dict]:
         age = time.monotonic() - self.last_beat
-        failures = [why for why in (check() for check in self._watched) if why]
+        failures = self.failures()
         return age < self.stale_s and not failures, {**self.details(), "ready": self.ready,
                                                       "seconds_since_poll": round(age, 3), "failures": failures}
 

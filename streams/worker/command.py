@@ -35,7 +35,7 @@ class StreamsWorker(Service):
 
     def health(self) -> tuple[bool, dict]:
         """Healthy while every agent that holds partitions handles ticks (the loop does not beat `Service`)."""
-        failures = [why for why in (check() for check in self._watched) if why]
+        failures = self.failures()
         now = time.monotonic()
         ticks = {agent: round(now - at, 3) for agent, at in self.metrics.ticked_at.items()}
         return not failures, {"app_id": self.cfg.app_id, "seconds_since_tick": ticks, "failures": failures}
