@@ -47,7 +47,7 @@ class ExplorerConfig:
     replay_failure: bool = doc(True, "A forgetting or boundary cluster's first run replays the failing rollout's "
                                      "calls up to its first failing one, so the model acts where it went wrong.")
     static_tasks: int = doc(4, "static: seed train tasks explored by random valid calls once, when the service "
-                               "starts (recorded at step 0 as strategy static).")
+                               "starts, each with a call that works (recorded at step 0 as strategy static).")
     fallback_tasks: int = doc(0, "When a period's exploration finds no call that succeeds (no signal explored, "
                                  "or only failing calls), also explore this many seed train tasks by the "
                                  "random strategy, recorded as random-fallback (0: off).")

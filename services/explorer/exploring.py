@@ -35,6 +35,10 @@ from coevolve.services.explorer.records import exploration_record
 from coevolve.services.explorer.reflection import context_schema, parse_context, reflection_messages
 
 
+STATIC_TRIES = 4
+"""The static strategy tries at most this many times `static_tasks` seed tasks for ones with a working call."""
+
+
 @dataclass(frozen=True)
 class Budget:
     """Most work one period may spend; 0 means no limit."""
@@ -244,10 +248,22 @@ def explore_plan(plan: Plan, backend, config: ExplorerConfig, sampling: Sampling
 
 
 def explore_static(plan: Plan, config: ExplorerConfig, budget: Budget, seed_ids: list[str]) -> Outcome:
-    """The static strategy's one exploration: `static_tasks` seed tasks by random valid calls, chosen and
-    called alike on every start (the ids repeat, so a restarted explorer publishes nothing new)."""
+    """The static strategy's one exploration: random valid calls on seed tasks, in one seeded order, until
+    `static_tasks` of them found a call that works (the validator has nothing to abstract from a task that
+    found none, and the learner waits for a verdict on each proposal), trying at most `STATIC_TRIES` times
+    as many. Chosen and called alike on every start (the ids repeat, so a restarted explorer publishes
+    nothing new)."""
     out = Outcome()
-    _random_calls(plan, config, budget, TaskCatalog(), seed_ids, out, config.static_tasks, "static")
+    started, catalog = time.monotonic(), TaskCatalog()
+    order = pick_random_tasks(seed_ids, len(seed_ids), plan.run_id, plan.last_step, config.random_seed)
+    kept = 0
+    for task_id in order[:STATIC_TRIES * config.static_tasks]:
+        if kept == config.static_tasks or _spent(out, budget, config, started):
+            break
+        runs = explore_randomly(catalog.get(task_id), config.runs, config.calls_per_run, config.random_seed)
+        if any(not is_error_observation(call.observation) for run in runs for call in run.calls):
+            _record(out, runs, plan, None, None, "static", "")
+            kept += 1
     return out
 
 

@@ -2,12 +2,13 @@
 (`learner.backend=vllm-server`, `max_policy_lag=1`): the learner starts a `vllm serve` process, rolls out
 on it over HTTP, pushes every update through vLLM's weight-transfer API and generates each next step's
 rollouts while a step trains. Each test reads one facet of that run from its stdout, summary, workdir,
-archive and the broker's log."""
+archive, the broker's log and the sockets its processes listened on."""
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from coevolve.services.kafka.embedded import EmbeddedBroker
-from tests.e2e.runs import EXE, events, trained_steps
+from tests.e2e.runs import EXE, events, listening_sockets, trained_steps
 from tests.faults.scenario import inject_validated_task
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -30,6 +31,7 @@ class Smoke:
     summary: dict
     events: dict[str, list[dict]]
     injected: dict
+    listening: set[tuple[str, int, str]]
 
 
 @pytest.fixture(scope="module")
@@ -38,12 +40,21 @@ def smoke(tmp_path_factory) -> Smoke:
     with EmbeddedBroker() as broker:
         # A validated task already on coevolve.tasks: the learner's feed takes it in at a step boundary.
         injected = inject_validated_task(broker.bootstrap, RUN_ID)
-        done = subprocess.run([EXE, "run", "--preset", "smoke", "--workdir", str(workdir), "--bootstrap",
-                               broker.bootstrap, "--run-id", RUN_ID, "--set", "learner.backend=vllm-server",
-                               "--set", "learner.max_policy_lag=1"], capture_output=True, text=True, timeout=840)
-        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+        cmd = [EXE, "run", "--preset", "smoke", "--workdir", str(workdir), "--bootstrap", broker.bootstrap,
+               "--run-id", RUN_ID, "--set", "learner.backend=vllm-server", "--set", "learner.max_policy_lag=1"]
+        stdout, stderr = (workdir.parent / f"{workdir.name}.{name}" for name in ("out", "err"))
+        listening: set[tuple[str, int, str]] = set()
+        with open(stdout, "w") as out, open(stderr, "w") as err:
+            run = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+            deadline = time.monotonic() + 840
+            while run.poll() is None and time.monotonic() < deadline:  # every socket the run's tree listens on
+                listening |= listening_sockets(run.pid)
+                time.sleep(1.0)
+            run.kill()
+        assert run.wait() == 0, stdout.read_text()[-4000:] + stderr.read_text()[-4000:]
         found = events(broker.bootstrap, RUN_ID)
-    return Smoke(workdir, done.stdout, json.loads((workdir / "summary.json").read_text()), found, injected)
+    return Smoke(workdir, stdout.read_text(), json.loads((workdir / "summary.json").read_text()), found, injected,
+                 listening)
 
 
 @pytest.mark.timeout(900)
@@ -140,3 +151,12 @@ def test_the_archive_holds_every_trajectory_and_push_and_the_report_is_written(s
     assert _archive_counts(smoke.workdir) == {"trajectories": len(smoke.events["TrajectoryRecorded"]),
                                               "policy_updates": len(smoke.events.get("PolicyUpdated", []))}
     assert (smoke.workdir / "report" / "index.html").exists()
+
+
+@pytest.mark.timeout(900)
+def test_every_socket_the_runs_processes_listen_on_is_on_loopback(smoke):
+    # the broker is the test's; the run's own: services' health ports, the model server, the weight
+    # transfer's store and process group
+    assert smoke.listening, "no listening socket was seen"
+    assert {(address, port, command) for address, port, command in smoke.listening
+            if address not in ("127.0.0.1", "::1")} == set()

@@ -18,8 +18,10 @@ from tests.unit.test_explorer_subjects import CHILD_ID, _validated
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.heavy]
 
-# 20 sampled calls: whether one works is chance (CPU kernels need not reproduce a sample under another
-# load), and with 12 every call failed in one of eight runs here.
+# Whether a sampled call works is chance (CPU kernels need not reproduce a sample under another load): on
+# multi_turn_base_0 (files and a social network) all 20 failed in two of about ten runs here; the car
+# task's tools mostly act on the car's own state, so most calls work.
+VEHICLE_TASK = "multi_turn_base_64"
 CONFIG = ExplorerConfig(runs=4, calls_per_run=5, signals_per_step=1)
 CALLS = SamplingConfig(temperature=1.0, max_new_tokens=96, seed=0)
 REFLECTIONS = SamplingConfig(temperature=1.0, max_new_tokens=512, seed=0)
@@ -35,12 +37,21 @@ def _explore(signal: dict, catalog: TaskCatalog):
                         catalog, json_sampling=REFLECTIONS)
 
 
+def _engine_signal() -> dict:
+    """A boundary signal on a car task whose failing rollout started the engine without the brake."""
+    signal = boundary_signal("s1", task_id=VEHICLE_TASK)
+    signal["evidence"]["trajectories"][0]["actions"] = [
+        {"name": "startEngine", "arguments": '{"ignitionMode": "START"}',
+         "observation": '{"error": "Brake pedal needs to be pressed when starting the engine."}'}]
+    return signal
+
+
 @pytest.mark.timeout(1200)
 def test_a_boundary_clusters_runs_make_only_valid_calls_to_the_tasks_tools_and_one_succeeds():
     catalog = TaskCatalog()
-    out = _explore(boundary_signal("s1", task_id="multi_turn_base_0"), catalog)
+    out = _explore(_engine_signal(), catalog)
     assert out.rejected == [] and out.unusable == 0 and len(out.records) == CONFIG.runs
-    tools = _tools("multi_turn_base_0", catalog)
+    tools = _tools(VEHICLE_TASK, catalog)
     calls = [t for r in out.records for t in r["tuples"]]
     assert len(calls) == CONFIG.runs * CONFIG.calls_per_run
     assert all(t["name"] in tools and isinstance(json.loads(t["arguments"]), dict) for t in calls)

@@ -9,6 +9,7 @@ from coevolve.services.explorer.config import ExplorerConfig
 from coevolve.services.explorer.exploring import Budget, explore_plan, explore_static
 from coevolve.services.explorer.planning import (Plan, SignalBuffer, exploration_id, pick_random_tasks,
                                                  random_source_id)
+from coevolve.services.explorer.random_strategy import is_error_observation
 from coevolve.services.envs.config import SeedPoolConfig
 from coevolve.services.explorer.config import ExplorerServiceConfig
 from coevolve.services.runtime.config import ConfigError
@@ -151,6 +152,21 @@ def test_the_static_strategy_explores_its_tasks_once_at_start_and_nothing_during
     assert {(r["strategy"], r["step"], r["run_id"]) for r in first.records} == {("static", 0, "r1")}
     during = explore_plan(_plan(config, boundary_signal("s1")), None, config, SAMPLING, Budget(), "", tasks, limits=LIMITS)
     assert during.records == [] and not during.fell_back  # no signal, and no fallback, is explored
+
+
+def test_the_static_strategy_passes_over_a_task_whose_calls_all_fail_so_each_group_can_become_a_task():
+    # Seeded random calls on multi_turn_base_26 all fail: the validator would dead-letter that group, and
+    # the learner would wait out static_wait_s for a verdict that never comes.
+    config = ExplorerConfig(strategy="static", static_tasks=2, runs=2, calls_per_run=3)
+    tasks = ["multi_turn_base_26", "multi_turn_base_3", "multi_turn_base_5"]
+    out = explore_static(Plan("r1", 0, 0, (), 0, 0, "start"), config, Budget(), tasks)
+    by_task: dict[str, list] = {}
+    for record in out.records:
+        by_task.setdefault(record["task_id"], []).extend(record["tuples"])
+    assert set(by_task) == {"multi_turn_base_3", "multi_turn_base_5"}
+    assert all(any(not is_error_observation(t["observation"]) for t in calls) for calls in by_task.values())
+    alone = explore_static(Plan("r1", 0, 0, (), 0, 0, "start"), config, Budget(), tasks[:1])
+    assert alone.records == []  # tried, and nothing the validator could use is published
 
 
 def test_a_period_with_no_signal_explored_falls_back_to_seeded_random_tasks_apart_from_guided_ones():
