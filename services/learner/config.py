@@ -122,8 +122,8 @@ class RanksConfig:
                           "is sharded: FSDP2, or DeepSpeed when deepspeed_config names a file (ZeRO-3 allowed).")
     nnodes: int = doc(1, "Nodes the ranks run on (torchrun --nnodes); world_size / nnodes ranks on each.")
     node_rank: int = doc(0, "This node's index, 0..nnodes-1 (torchrun --node-rank); node 0 holds rank 0.")
-    rdzv_endpoint: str = doc("", "host:port of torchrun's c10d rendezvous, the same on every node; empty: this "
-                             "machine alone (--standalone).")
+    rdzv_endpoint: str = doc("", "host:port of torchrun's rendezvous, the same on every node; empty: this "
+                             "machine alone, meeting on loopback.")
     max_restarts: int = doc(0, "torchrun --max-restarts: times the whole group is restarted after a rank fails; a "
                             "restarted group resumes from the latest checkpoint.")
 

@@ -4,7 +4,7 @@ learner training on two torchrun ranks (FSDP2, gloo) while rank 0 rolls out on o
 exit 130 and an `interrupted` summary; `--resume` continues the same run at the next step, every step and
 trajectory is published once, every step trains, the resumed learner pushes its checkpoint's weights
 (gathered from both ranks) to its new server through the weight transfer, and the summary says
-`world_size: 2`."""
+`world_size: 2`. Every socket the first session's processes listen on, torchrun's included, is on loopback."""
 import json
 import signal
 import subprocess
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from coevolve.services.kafka.embedded import EmbeddedBroker
-from tests.e2e.runs import EXE, events, trained_steps
+from tests.e2e.runs import EXE, events, listening_sockets, trained_steps
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -31,8 +31,10 @@ def test_smoke_on_two_ranks_interrupted_and_resumed_publishes_every_step_once(tm
         with open(log, "w+") as out:
             first = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True)
             deadline = time.monotonic() + 900  # the first run on a machine warms the policy up first
+            listening: set[tuple[str, int, str]] = set()
             while f"step 1/{STEPS}" not in log.read_text() and time.monotonic() < deadline:
                 assert first.poll() is None, log.read_text()[-4000:]
+                listening |= listening_sockets(first.pid)  # the rendezvous, the ranks', the server's, the services'
                 time.sleep(0.5)
             first.send_signal(signal.SIGINT)
             assert first.wait(300) == 130, log.read_text()[-4000:]
@@ -66,3 +68,5 @@ def test_smoke_on_two_ranks_interrupted_and_resumed_publishes_every_step_once(tm
     assert all(json.loads(line).get("slowest_rank") in (0, 1) for line in logs.splitlines()
                if '"learner.step"' in line and '"ranks"' in line)
     assert Path(tmp_path / "runs" / "ranks-e2e" / "learner" / "checkpoints" / "latest").is_file()
+    assert listening, "no listening socket was seen"
+    assert {s for s in listening if s[0] not in ("127.0.0.1", "::1")} == set()

@@ -27,13 +27,14 @@ Root Cause (first observed failure):
 """
 
 
-def test_one_node_runs_standalone_and_several_meet_at_node_zero_with_static_ranks():
-    one = torchrun_command(RanksConfig(world_size=2), ["learner", "--resume"], "/venv/bin/coevolve")
-    assert "--standalone" in one and "--nproc-per-node=2" in one and "--nnodes=1" in one
+def test_one_node_meets_at_a_loopback_store_and_several_meet_at_node_zero_with_static_ranks():
+    one = torchrun_command(RanksConfig(world_size=2), ["learner", "--resume"], "/venv/bin/coevolve", 29411)
+    assert {"--rdzv-endpoint=127.0.0.1:29411", "--rdzv-conf=is_host=false", "--local-addr=127.0.0.1",
+            "--nproc-per-node=2", "--nnodes=1"} <= set(one) and "--standalone" not in one
     assert one[-4:] == ["--no-python", "/venv/bin/coevolve", "learner", "--resume"]
     many = torchrun_command(RanksConfig(world_size=16, nnodes=2, node_rank=1, rdzv_endpoint="learner-0.ranks:29400",
                                         max_restarts=3), ["learner"], "coevolve")
-    assert "--standalone" not in many
+    assert not any(arg.startswith(("--rdzv", "--local-addr")) for arg in many)
     assert {"--nproc-per-node=8", "--nnodes=2", "--node-rank=1", "--master-addr=learner-0.ranks",
             "--master-port=29400", "--max-restarts=3"} <= set(many)
 
