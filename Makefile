@@ -28,8 +28,9 @@ run: $(STAMP)
 	$(BIN)/coevolve run
 
 # Every tier on two workers, a file at a time each (tests/conftest.py: the whole-loop runs on one worker,
-# the files holding vLLM engines on the other, then the light files on both); the 30 slowest tests are printed. OMP_WAIT_POLICY=PASSIVE: the
-# OpenMP threads of two torch processes on two cores otherwise spin against each other (5-9x slower).
+# the files holding vLLM engines on the other, then the light files on both); the 30 slowest tests are
+# printed. OMP_WAIT_POLICY=PASSIVE: the OpenMP threads of two torch processes on two cores otherwise spin
+# against each other (5-9x slower).
 test: $(STAMP)
 	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -n 2 -q -ra --durations=30
 

@@ -31,7 +31,7 @@ def _listening(address: str, port: int) -> socket.socket | None:
         return None
 
 
-def hosted_store(address: str, port: int, world_size: int, timeout: datetime.timedelta, **options: Any) -> Any:
+def hosted_store(address: str, port: int, world_size: int | None, timeout: datetime.timedelta, **options: Any) -> Any:
     """A `torch.distributed.TCPStore` master at `address`:`port`, listening on that address alone; where it is
     not an address of this host (behind a NAT), on every interface, with a warning."""
     import torch.distributed as dist

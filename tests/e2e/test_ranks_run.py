@@ -4,7 +4,8 @@ learner training on two torchrun ranks (FSDP2, gloo) while rank 0 rolls out on o
 exit 130 and an `interrupted` summary; `--resume` continues the same run at the next step, every step and
 trajectory is published once, every step trains, the resumed learner pushes its checkpoint's weights
 (gathered from both ranks) to its new server through the weight transfer, and the summary says
-`world_size: 2`. Every socket the first session's processes listen on, torchrun's included, is on loopback."""
+`world_size: 2`. Every socket the first session's processes listen on, torchrun's rendezvous store included,
+is on loopback."""
 import json
 import signal
 import subprocess

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.heavy]
 
 # Whether a sampled call works is chance (CPU kernels need not reproduce a sample under another load): on
 # multi_turn_base_0 (files and a social network) all 20 failed in two of about ten runs here; the car
-# task's tools mostly act on the car's own state, so most calls work.
+# task's tools mostly act on the car's own state, and 3 to 12 of its 20 worked over four sampling seeds.
 VEHICLE_TASK = "multi_turn_base_64"
 CONFIG = ExplorerConfig(runs=4, calls_per_run=5, signals_per_step=1)
 CALLS = SamplingConfig(temperature=1.0, max_new_tokens=96, seed=0)
