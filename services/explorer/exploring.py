@@ -20,7 +20,7 @@ import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from coevolve.services.agent.config import EpisodeLimits, SamplingConfig
 from coevolve.services.agent.structured import StructuredOutputError, generate_json
@@ -261,12 +261,17 @@ def explore_static(plan: Plan, config: ExplorerConfig, budget: Budget, seed_ids:
         if kept == config.static_tasks or _spent(out, budget, config, started):
             break
         runs = explore_randomly(catalog.get(task_id), config.runs, config.calls_per_run, config.random_seed)
-        if any(not is_error_observation(call.observation) for run in runs for call in run.calls):
+        if _works(call.observation for run in runs for call in run.calls):
             _record(out, runs, plan, None, None, "static", "")
             kept += 1
     return out
 
 
 def _found(records: list[dict[str, Any]]) -> bool:
-    """Whether any explored call succeeded."""
-    return any(not is_error_observation(t["observation"]) for r in records for t in r["tuples"])
+    """Whether any explored call of these records succeeded."""
+    return _works(t["observation"] for r in records for t in r["tuples"])
+
+
+def _works(observations: Iterable[str]) -> bool:
+    """Whether any of these calls' observations is not an error."""
+    return any(not is_error_observation(observation) for observation in observations)

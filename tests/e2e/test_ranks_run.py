@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from coevolve.services.kafka.embedded import EmbeddedBroker
-from tests.e2e.runs import EXE, events, listening_sockets, trained_steps
+from tests.e2e.runs import EXE, events, trained_steps
+from tests.sockets import listening_sockets
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
