@@ -109,11 +109,19 @@ class EpisodeLimits:
     max_backend_errors: int = doc(2, "Consecutive failed generations before the episode ends.")
     tool_docs: str = doc("full", "How the system prompt lists the tools: full (BFCL's JSON function docs) or "
                                  "signatures (one line per function: arguments with types, its description).")
+    call_limit_s: float = doc(10.0, "Wall-clock limit of one tool call, in seconds: calls run in a tool-host "
+                                    "process, restarted when one runs past it (0: in the service's own process, "
+                                    "unbounded).")
+    call_memory_mb: int = doc(1024, "Address space of the tool-host process, in MiB; an allocation past it fails "
+                                    "that call.")
 
     def __post_init__(self) -> None:
         for name in ("max_user_turns", "max_calls_per_turn", "max_context_tokens", "max_backend_errors"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)} must be at least 1")
+        if self.call_limit_s < 0 or self.call_memory_mb < 256:
+            raise ConfigError(f"call_limit_s={self.call_limit_s} must be >= 0 (0: unbounded) and "
+                              f"call_memory_mb={self.call_memory_mb} at least 256")
         if self.tool_docs not in TOOL_DOCS:
             raise ConfigError(f"tool_docs={self.tool_docs!r}: choose one of {', '.join(TOOL_DOCS)}")
 

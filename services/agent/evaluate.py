@@ -16,6 +16,7 @@ from coevolve.services.agent.backends import make_backend
 from coevolve.services.agent.config import BackendConfig, EpisodeLimits, EvalConfig, SamplingConfig
 from coevolve.services.agent.episodes import Episode, run_episodes
 from coevolve.services.envs.base import Task
+from coevolve.services.envs.host import bounded_tool_calls
 
 
 def eval_tasks(config: EvalConfig) -> list[Task]:
@@ -54,7 +55,8 @@ def run_eval(backend_config: BackendConfig, config: EvalConfig, limits: EpisodeL
     backend = make_backend(backend_config)
     started = time.monotonic()
     try:
-        with tqdm(total=len(tasks), desc="tasks", unit="task", file=sys.stderr, disable=not progress) as bar:
+        with (tqdm(total=len(tasks), desc="tasks", unit="task", file=sys.stderr, disable=not progress) as bar,
+              bounded_tool_calls(limits)):
             episodes = run_episodes(tasks, config.env, backend, sampling, limits,
                                     on_done=lambda _: bar.update(1), max_in_flight=config.in_flight)
     finally:

@@ -31,6 +31,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -45,8 +46,10 @@ class Service:
     stale_s = 30.0  # /healthz answers 503 when the loop has not beaten for this long
     commits = True  # whether it commits through `settle` (metrics <name>_events, <name>_last_commit_...)
 
-    def __init__(self, cfg, metrics_host: str | None = None, metrics_port: int | None = None):
+    def __init__(self, cfg, metrics_host: str | None = None, metrics_port: int | None = None,
+                 scope: AbstractContextManager | None = None):
         self.cfg = cfg
+        self.scope = scope or nullcontext()  # what start and the loop run within (the tool host of its episodes)
         self.metrics_host = metrics_host if metrics_host is not None else getattr(cfg, "metrics_host", "127.0.0.1")
         self.metrics_port = metrics_port if metrics_port is not None else getattr(cfg, "metrics_port", -1)
         self.log = get_logger(self.name)
@@ -89,15 +92,16 @@ class Service:
             self.server = serve(self.metrics_port, self.registry, self.health, self.metrics_host)
             self.log.info(f"{self.name}.serving", port=self.server.server_address[1])
         try:
-            self.start()
-            self.ready = True
-            self.loop()
+            with self.scope:
+                try:
+                    self.start()
+                    self.ready = True
+                    self.loop()
+                finally:
+                    self.finish()
         finally:
-            try:
-                self.finish()
-            finally:
-                if self.server is not None:
-                    self.server.shutdown()
+            if self.server is not None:
+                self.server.shutdown()
         self.log.info(f"{self.name}.stopped", committed_events=self.committed_events)
         return self.committed_events
 

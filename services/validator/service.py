@@ -24,6 +24,7 @@ from prometheus_client import Counter, Gauge
 
 from coevolve.services.agent.config import SamplingConfig
 from coevolve.services.envs.catalog import TaskCatalog
+from coevolve.services.envs.host import bounded_tool_calls
 from coevolve.services.kafka.consumer import EventConsumer
 from coevolve.services.kafka.producer import EventProducer
 from coevolve.services.kafka.topics import EXPLORATIONS, TASKS
@@ -47,7 +48,7 @@ class Validator(Service):
     name = "validator"
 
     def __init__(self, settings: ValidatorSettings):
-        super().__init__(settings.service)
+        super().__init__(settings.service, scope=bounded_tool_calls(settings.limits))
         cfg, gen, backend_cfg = settings.service, settings.generation, settings.backend
         self.cfg: ValidatorServiceConfig = cfg
         self.core, self.backend_cfg = settings.validator, backend_cfg

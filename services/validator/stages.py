@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from coevolve.services.envs.base import Task
-from coevolve.services.envs.bfcl import InvalidTask, Workspace, public_methods, reference_problems, score_calls
+from coevolve.services.envs.bfcl import InvalidTask, public_methods, reference_problems, score_calls, workspace
+from coevolve.services.envs.host import WorkspaceLost
 from coevolve.services.envs.calls import CallLimits, Rejected, parse_action
 
 STAGES = ("well_formed", "executable", "novel", "dual_pass")
@@ -61,7 +62,7 @@ def check_well_formed(task: Task) -> StageOutcome:
     if isinstance(owner, str):
         return _malformed(owner)
     try:
-        Workspace(task)
+        workspace(task)
     except InvalidTask as exc:
         return _malformed(str(exc))
     count = 0
@@ -82,7 +83,7 @@ def check_well_formed(task: Task) -> StageOutcome:
 
 def _effect(task: Task) -> tuple[bool, bool]:
     """Whether running the whole reference changes the state, and whether any call returns information."""
-    work, untouched = Workspace(task), Workspace(task)
+    work, untouched = workspace(task), workspace(task)
     informative = False
     for calls in task.reference:
         for source in calls:
@@ -97,7 +98,10 @@ def check_executable(task: Task) -> StageOutcome:
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         return StageOutcome("executable", False, f"the reference fails: {problems[0]}{more}")
-    changed, informative = _effect(task)
+    try:
+        changed, informative = _effect(task)
+    except (InvalidTask, WorkspaceLost) as exc:
+        return StageOutcome("executable", False, f"the reference does not run again: {exc}")
     if not (changed or informative):
         return StageOutcome("executable", False, "the reference changes no state and returns no information")
     what = " and ".join(w for w, yes in (("changes the state", changed), ("returns information", informative)) if yes)

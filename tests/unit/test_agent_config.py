@@ -25,6 +25,10 @@ def test_bad_backend_settings_fail_with_a_fix():
         EpisodeLimits(max_user_turns=0)
     with pytest.raises(ConfigError, match="tool_docs='short': choose one of full, signatures"):
         EpisodeLimits(tool_docs="short")
+    with pytest.raises(ConfigError, match=r"call_limit_s=-1 must be >= 0 \(0: unbounded\)"):
+        EpisodeLimits(call_limit_s=-1)
+    with pytest.raises(ConfigError, match="call_memory_mb=64 at least 256"):
+        EpisodeLimits(call_memory_mb=64)
 
 
 def test_the_model_cache_folder_comes_from_coevolve_home(tmp_path):

@@ -3,7 +3,7 @@ import json
 
 from coevolve.schemas import default_registry
 from coevolve.services.envs import bfcl_data
-from coevolve.services.envs.bfcl import Workspace, public_methods
+from coevolve.services.envs.bfcl import public_methods, workspace
 from coevolve.services.envs.calls import Call
 from coevolve.services.explorer.planning import Cluster, SignalRef, exploration_id, random_source_id
 from coevolve.services.explorer.random_strategy import (ExplorationRun, ValuePool, explore_randomly,
@@ -40,7 +40,7 @@ def test_calls_run_for_real_from_the_initial_state_and_errors_are_observations()
     assert any(is_error_observation(o) for o in observations)
     assert any(not is_error_observation(o) for o in observations)
     for run in runs:  # replaying the calls on fresh backends gives the same observations
-        work = Workspace(TASK)
+        work = workspace(TASK)
         assert [work.run(Call(c.name, (), c.arguments)) for c in run.calls] == [c.observation for c in run.calls]
 
 

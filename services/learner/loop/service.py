@@ -27,10 +27,10 @@ from typing import Any
 
 from coevolve.services.agent.config import SamplingConfig
 from coevolve.services.agent.episodes import EpisodesStopped
+from coevolve.services.envs.host import bounded_tool_calls
 from coevolve.services.fleet.backend import FleetBackend, FleetError, WeightTransferError
 from coevolve.services.learner.config import LearnerConfig, LearnerSettings, rollout_backend
-from coevolve.services.learner.loop import checkpoint as ckpt
-from coevolve.services.learner.loop import journal
+from coevolve.services.learner.loop import checkpoint as ckpt, journal
 from coevolve.services.learner.loop.evaluation import due, evaluate, evaluate_subjects
 from coevolve.services.learner.loop.feed import TaskFeed, tasks_consumer
 from coevolve.services.learner.loop.publish import publish_evaluation, publish_step, report_unloadable
@@ -54,7 +54,7 @@ class Learner(Service):
     stale_s = 900.0  # beats at every rollout round and step; training, evaluating and publishing must fit
 
     def __init__(self, settings: LearnerSettings, reward: Reward | None = None):
-        super().__init__(settings.learner)
+        super().__init__(settings.learner, scope=bounded_tool_calls(settings.limits))
         if settings.backend.backend == "openai":
             raise ConfigError("the learner updates its rollout policy: use --backend vllm, transformers or "
                               "vllm-server (openai serves fixed weights)")

@@ -1,0 +1,303 @@
+"""Tool calls in a process of their own, so that no call can stall or exhaust the process that makes it.
+
+A model-written call is free to pick its arguments, and some backend functions then compute for minutes
+inside one C call that no signal or thread can interrupt (`MathAPI.round_number(1, -100000000)` makes
+CPython build 10**(10**8)). The bound that holds for every function is a process: each calling process
+keeps one tool host, a child interpreter holding the instances of all its open workspaces, and gives
+every request `limit_s` seconds. The host's address space is capped at `memory_mb` (RLIMIT_AS), so an
+allocation past it fails as that call's error.
+
+A request that runs past its limit, or a host that dies, ends the host. The call fails with no effect,
+and a new host rebuilds every other open workspace by replaying the calls it logged; a workspace whose
+replayed results differ from the logged ones is lost, and its episode ends with that reason.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import pickle
+import resource
+import subprocess
+import sys
+import threading
+import weakref
+from collections import deque
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any, Iterator
+
+from coevolve.services.envs.base import Task
+from coevolve.services.envs.calls import Call, Rejected
+from coevolve.services.envs.tools import InvalidTask, LocalWorkspace
+
+log = logging.getLogger(__name__)
+
+START_S = 60.0  # a new host's imports, before its first request
+
+
+class WorkspaceLost(RuntimeError):
+    """The workspace's instances were in a tool host that ended, and replaying its calls did not rebuild them."""
+
+
+class _HostEnded(Exception):
+    """The request ran past its limit, or the host died; the host is gone."""
+
+
+@dataclass
+class _Log:
+    task: Task
+    calls: list[tuple[Call | Rejected, str]] = field(default_factory=list)
+
+
+class ToolHost:
+    """The client side: one host process at a time, restarted after a stall or a death."""
+
+    def __init__(self, limit_s: float, memory_mb: int):
+        if limit_s <= 0 or memory_mb < 256:
+            raise ValueError(f"limit_s={limit_s} must be positive and memory_mb={memory_mb} at least 256")
+        self.limit_s, self.memory_mb = limit_s, memory_mb
+        self.stopped = self.restarts = 0
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._logs: dict[int, _Log] = {}
+        self._lost: dict[int, str] = {}
+        self._collected: deque[int] = deque()  # workspaces garbage-collected since the last request
+        self._process: subprocess.Popen | None = None
+        self._closed = False
+
+    # Requests from workspaces; each holds the lock for one round trip (the host runs one call at a time).
+
+    def open(self, task: Task) -> int:
+        with self._lock:
+            ws = next(self._ids)
+            try:
+                self._ask(("open", ws, task))
+            except _HostEnded as exc:
+                raise InvalidTask(f"loading the initial state {exc}") from None
+            self._logs[ws] = _Log(task)
+            return ws
+
+    def run(self, ws: int, call: Call | Rejected) -> str:
+        with self._lock:
+            self._usable(ws)
+            try:
+                result = self._ask(("run", ws, call))
+            except _HostEnded as exc:
+                self.stopped += 1
+                return f"Error during execution: {call.name}: the call {exc}; it was stopped and had no effect"
+            self._logs[ws].calls.append((call, result))
+            return result
+
+    def differences(self, ws: int, reference: int) -> dict[str, list[str]]:
+        with self._lock:
+            self._usable(ws)
+            self._usable(reference)
+            try:
+                return self._ask(("differences", ws, reference))
+            except _HostEnded as exc:
+                self._lost[ws] = f"comparing its state {exc}"
+                self._logs.pop(ws, None)
+                raise WorkspaceLost(self._lost[ws]) from None
+
+    def lost(self, ws: int) -> str | None:
+        return self._lost.get(ws)
+
+    def collect(self, ws: int) -> None:
+        """Called when a workspace is garbage-collected: freed in the host with the next request."""
+        self._collected.append(ws)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._end()
+
+    def _usable(self, ws: int) -> None:
+        if ws in self._lost:
+            raise WorkspaceLost(f"the tool host restarted and this workspace could not be rebuilt: {self._lost[ws]}")
+
+    # The host process.
+
+    def _ask(self, request: tuple) -> Any:
+        """One round trip. On a stall or a death: end the host, rebuild the open workspaces, raise."""
+        if self._closed:
+            raise RuntimeError("the tool host is closed: its command has ended")
+        if self._process is None:
+            self._start()
+        try:
+            return self._round_trip(request, self.limit_s)
+        except _HostEnded:
+            self.restarts += 1
+            log.warning("tool host ended", extra={"request": request[0], "limit_s": self.limit_s,
+                                                  "restarts": self.restarts})
+            self._end()
+            self._rebuild()
+            raise
+
+    def _round_trip(self, request: tuple, limit_s: float) -> Any:
+        freed = [self._collected.popleft() for _ in range(len(self._collected))]
+        for ws in freed:
+            self._logs.pop(ws, None)
+            self._lost.pop(ws, None)
+        try:
+            if freed:
+                self._send.send_bytes(pickle.dumps(("close", freed)))
+            self._send.send_bytes(pickle.dumps(request))
+            if freed:
+                self._reply(limit_s)
+            return self._reply(limit_s)
+        except (OSError, EOFError):
+            raise _HostEnded("ended with the tool host, which exited") from None
+
+    def _reply(self, limit_s: float) -> Any:
+        if not self._recv.poll(limit_s):
+            raise _HostEnded(f"ran past its limit of {limit_s:g} s")
+        kind, value = pickle.loads(self._recv.recv_bytes())
+        if kind == "invalid":
+            raise InvalidTask(value)
+        if kind == "error":
+            raise RuntimeError(f"the tool host failed: {value}")
+        return value
+
+    def _start(self) -> None:
+        host_r, client_w = os.pipe()
+        client_r, host_w = os.pipe()
+        try:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", __name__, str(host_r), str(host_w), str(self.memory_mb)],
+                pass_fds=(host_r, host_w), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        finally:
+            os.close(host_r)
+            os.close(host_w)
+        self._send, self._recv = Connection(client_w, readable=False), Connection(client_r, writable=False)
+        self._reaper = weakref.finalize(self, _kill, self._process, self._send, self._recv)
+        try:
+            self._round_trip(("ready",), START_S)
+        except _HostEnded as exc:
+            self._end()
+            raise RuntimeError(f"the tool host did not start ({exc}); run `{sys.executable} -m {__name__}` "
+                               "to see why, or set call_limit_s=0 to run tool calls in this process") from None
+
+    def _end(self) -> None:
+        if self._process is not None:
+            self._reaper()
+            self._process = None
+
+    def _rebuild(self) -> None:
+        """A new host with every open workspace replayed; one that cannot be rebuilt is lost."""
+        pending = sorted(self._logs)
+        while pending:
+            ws = pending[0]
+            try:
+                if self._process is None:
+                    self._start()
+                why = self._replay(ws, self._logs[ws])
+            except _HostEnded as exc:
+                self._end()
+                why = f"replaying its calls {exc}"
+            if why:
+                self._lost[ws] = why
+                self._logs.pop(ws)
+                log.warning("tool workspace lost", extra={"workspace": ws, "reason": why})
+            pending.pop(0)
+
+    def _replay(self, ws: int, entry: _Log) -> str | None:
+        self._round_trip(("open", ws, entry.task), self.limit_s)
+        for call, logged in entry.calls:
+            replayed = self._round_trip(("run", ws, call), self.limit_s)
+            if replayed != logged:
+                return f"replaying {call.name} returned {replayed[:120]!r}, not {logged[:120]!r}"
+        return None
+
+
+def _kill(process: subprocess.Popen, *pipes: Connection) -> None:
+    process.kill()
+    process.wait()
+    for pipe in pipes:
+        pipe.close()
+
+
+class HostedWorkspace:
+    """A workspace whose instances live in the tool host; the same calls as `LocalWorkspace`."""
+
+    def __init__(self, host: ToolHost, task: Task):
+        self.host = host
+        self.ws = host.open(task)
+        weakref.finalize(self, host.collect, self.ws)
+
+    @property
+    def lost(self) -> str | None:
+        return self.host.lost(self.ws)
+
+    def run(self, call: Call | Rejected) -> str:
+        return self.host.run(self.ws, call)
+
+    def state_differences(self, reference: "HostedWorkspace") -> dict[str, list[str]]:
+        return self.host.differences(self.ws, reference.ws)
+
+
+_installed: ToolHost | None = None
+
+
+@contextmanager
+def bounded_tool_calls(limits: Any = None) -> Iterator[ToolHost | None]:
+    """Within, this process's new workspaces run their calls in a tool host bounded by `limits` (its
+    `call_limit_s` and `call_memory_mb`; None or a limit of 0: here, unbounded)."""
+    global _installed
+    bounded = limits is not None and limits.call_limit_s > 0
+    previous, _installed = _installed, ToolHost(limits.call_limit_s, limits.call_memory_mb) if bounded else None
+    try:
+        yield _installed
+    finally:
+        if _installed is not None:
+            _installed.close()
+        _installed = previous
+
+
+def installed() -> ToolHost | None:
+    return _installed
+
+
+def serve(recv: Connection, send: Connection) -> None:
+    """The host's loop: one request at a time, until the client closes its end."""
+    spaces: dict[int, LocalWorkspace] = {}
+    while True:
+        try:
+            op, *args = pickle.loads(recv.recv_bytes())
+        except EOFError:
+            return
+        try:
+            if op == "open":
+                spaces[args[0]] = LocalWorkspace(args[1])
+                reply: tuple = ("ok", None)
+            elif op == "run":
+                reply = ("ok", spaces[args[0]].run(args[1]))
+            elif op == "differences":
+                reply = ("ok", spaces[args[0]].state_differences(spaces[args[1]]))
+            elif op == "close":
+                for ws in args[0]:
+                    spaces.pop(ws, None)
+                reply = ("ok", None)
+            elif op == "ready":
+                reply = ("ok", None)
+            else:
+                reply = ("error", f"unknown request {op!r}")
+        except InvalidTask as exc:
+            reply = ("invalid", str(exc))
+        except Exception as exc:
+            reply = ("error", f"{type(exc).__name__}: {exc}")
+        send.send_bytes(pickle.dumps(reply))
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) != 3:
+        sys.exit(f"usage: {sys.executable} -m {__name__} READ_FD WRITE_FD MEMORY_MB (started by ToolHost)")
+    read_fd, write_fd, memory_mb = map(int, argv)
+    limit = memory_mb << 20
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    serve(Connection(read_fd, writable=False), Connection(write_fd, readable=False))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,100 @@
+"""Tool calls in the tool host (services/envs/host.py): a call past its limit fails with no effect, a dead
+host is replaced, open episodes keep their state through both, and one that cannot be rebuilt ends."""
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from coevolve.services.agent.config import EpisodeLimits
+from coevolve.services.envs.base import Task
+from coevolve.services.envs.bfcl import BfclEnv
+from coevolve.services.envs.host import bounded_tool_calls
+from coevolve.services.validator.stages import check_executable
+
+pytestmark = pytest.mark.integration
+
+LIMITS = EpisodeLimits(call_limit_s=2.0, call_memory_mb=512)
+STATE = {"GorillaFileSystem": {"root": {"w": {"type": "directory", "contents": {}}}}}
+TASK = Task("host-1", ("make a directory a",), STATE, ("GorillaFileSystem", "MathAPI"), (("mkdir(dir_name='a')",),))
+# CPython computes 10**(10**7) in one C call: about 20 s on the reference machine, unbounded in-process.
+STALL = "round_number(number=1, decimal_places=-10000000)"
+
+
+def _content(result) -> str:
+    return result.observations[0]["content"]
+
+
+def test_a_call_past_its_limit_fails_with_no_effect_and_every_open_episode_goes_on():
+    with bounded_tool_calls(LIMITS) as host:
+        done, stalled = BfclEnv(), BfclEnv()
+        done.reset(TASK)
+        stalled.reset(TASK)
+        assert _content(done.step("mkdir(dir_name='a')")) == "None"
+        stalled.step("mkdir(dir_name='b')")
+
+        started = time.monotonic()
+        result = stalled.step(STALL)
+        assert time.monotonic() - started < 10
+        assert "ran past its limit of 2 s" in _content(result) and "had no effect" in _content(result)
+        assert (host.restarts, host.stopped) == (1, 1)
+
+        assert _content(stalled.step("ls()")) == '{"current_directory_content": ["b"]}'
+        assert _content(stalled.step("add(a=1, b=2)")) == '{"result": 3}'
+        assert _content(done.step("ls()")) == '{"current_directory_content": ["a"]}'
+        verdict = done.step("").info["verdict"]
+        assert verdict["passed"], verdict  # the reference workspace was rebuilt too
+        assert done.success and not stalled.done
+
+
+def test_a_host_that_dies_is_replaced_and_open_episodes_keep_their_state():
+    with bounded_tool_calls(LIMITS) as host:
+        env = BfclEnv()
+        env.reset(TASK)
+        env.step("mkdir(dir_name='a')")
+        first = host._process.pid
+        os.kill(first, signal.SIGKILL)
+        assert "ended with the tool host" in _content(env.step("mkdir(dir_name='c')"))
+        assert host._process.pid != first and host.restarts == 1
+        assert _content(env.step("ls()")) == '{"current_directory_content": ["a"]}'
+        assert env.step("").info["verdict"]["passed"]
+
+
+def test_an_episode_whose_replay_differs_is_lost_and_ends_with_the_reason():
+    with bounded_tool_calls(LIMITS) as host:
+        kept, lost = BfclEnv(), BfclEnv()
+        kept.reset(TASK)
+        lost.reset(TASK)
+        kept.step("mkdir(dir_name='a')")
+        lost.step("mkdir(dir_name='a')")
+        call, _ = host._logs[lost.work.ws].calls[0]
+        host._logs[lost.work.ws].calls[0] = (call, "a result the backend never gave")
+        kept.step(STALL)
+
+        result = lost.step("ls()")
+        assert lost.done and not lost.success
+        assert "state was lost" in lost.terminated and "mkdir returned 'None'" in lost.terminated
+        assert "Episode ended" in result.observations[-1]["content"]
+        assert _content(kept.step("ls()")) == '{"current_directory_content": ["a"]}'
+
+
+def test_the_host_runs_under_its_address_space_limit_and_ends_with_its_scope():
+    with bounded_tool_calls(LIMITS) as host:
+        BfclEnv().reset(TASK)
+        process = host._process
+        limits = Path(f"/proc/{process.pid}/limits").read_text()
+        line = next(row for row in limits.splitlines() if row.startswith("Max address space"))
+        assert line.split()[3:5] == [str(512 << 20)] * 2
+    assert process.poll() is not None
+    with bounded_tool_calls(EpisodeLimits(call_limit_s=0)) as none:
+        assert none is None
+
+
+def test_the_validator_rejects_a_task_whose_reference_runs_past_the_limit():
+    task = Task("host-2", ("round it",), {}, ("MathAPI",), ((STALL,),))
+    with bounded_tool_calls(LIMITS):
+        started = time.monotonic()
+        outcome = check_executable(task)
+    assert time.monotonic() - started < 10
+    assert not outcome.passed and "ran past its limit" in outcome.reason
