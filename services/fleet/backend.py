@@ -331,6 +331,7 @@ class FleetBackend:
         with self._update():
             try:
                 source = NamedTensorSource(named_tensors, getattr(torch, self.dtype))
+                source.metadata()  # the first pass over the weights; each server's round is another
             except Exception as exc:
                 raise WeightTransferError(f"no server took version {new_version}: the weights could not be "
                                           f"read ({type(exc).__name__}: {exc})") from exc

@@ -18,8 +18,9 @@ import gc
 import threading
 import traceback
 from concurrent.futures import FIRST_EXCEPTION, Future, wait
+from contextlib import closing
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar, Iterable, Iterator, Self
+from typing import Any, ClassVar, Generator, Iterable, Iterator, Self
 
 import torch
 
@@ -197,24 +198,57 @@ class GlooTrainerInitInfo(TrainerInitInfo):
 
 
 class NamedTensorSource(WeightSource):
-    """A `WeightSource` over (name, tensor) pairs, cast to the server's dtype as they are sent."""
+    """A `WeightSource` over (name, tensor) pairs, cast to the server's dtype as they are sent.
+
+    Weights that can be read again (a list, or the learner's `PolicyWeights`, whose every pass gathers
+    the policy anew one tensor at a time) are streamed: the metadata takes one pass that keeps only
+    names and shapes, and each server's round another, so no more than one tensor and the chunk being
+    sent are held at once. A one-shot iterator is read into a list, since each server needs its own pass.
+    """
 
     def __init__(self, named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype | None = None):
-        self.pairs = list(named_tensors)
+        self.weights = list(named_tensors) if isinstance(named_tensors, Iterator) else named_tensors
         self.dtype = dtype
+        self._meta: list[ParamMeta] | None = None
 
     def metadata(self) -> list[ParamMeta]:
-        return [ParamMeta(name, self.dtype or t.dtype, tuple(t.shape)) for name, t in self.pairs]
+        if self._meta is None:
+            self._meta = [ParamMeta(name, self.dtype or t.dtype, tuple(t.shape)) for name, t in self]
+        return self._meta
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        for name, tensor in self.pairs:
-            tensor = tensor.detach()
-            yield name, tensor.to(self.dtype) if self.dtype is not None else tensor
+        pairs = iter(self.weights)
+        try:
+            for name, tensor in pairs:
+                tensor = tensor.detach()
+                yield name, tensor.to(self.dtype) if self.dtype is not None else tensor
+        finally:
+            if isinstance(pairs, Generator):  # a pass left early ends its gathers (every rank takes part)
+                pairs.close()
 
     @property
     def nbytes(self) -> int:
         """Bytes on the wire for one server."""
         return sum(m.dtype.itemsize * _numel(m.shape) for m in self.metadata())
+
+
+def _packed(pairs: Iterator[tuple[str, torch.Tensor]], info: GlooUpdateInfo, chunk: list[int]) -> torch.Tensor:
+    """The chunk's tensors, taken from `pairs` one at a time into one flat buffer."""
+    flat: torch.Tensor | None = None
+    offset = 0
+    for i in chunk:
+        name, tensor = next(pairs)
+        if name != info.names[i] or list(tensor.shape) != info.shapes[i]:
+            raise RuntimeError(f"weight source yielded {name} {list(tensor.shape)}, expected "
+                               f"{info.names[i]} {info.shapes[i]}")
+        if len(chunk) == 1:
+            return tensor.reshape(-1).contiguous()
+        if flat is None:
+            size = sum(_numel(info.shapes[j]) for j in chunk)
+            flat = torch.empty(size, dtype=tensor.dtype, device=tensor.device)
+        flat[offset:offset + tensor.numel()].copy_(tensor.reshape(-1))
+        offset += tensor.numel()
+    return flat
 
 
 class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerInitInfo]):
@@ -296,19 +330,12 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
 
     def _broadcast(self, source: WeightSource, info: GlooUpdateInfo, received: Any) -> None:
         chunk_bytes = self.info.chunk_bytes if self.info else DEFAULT_CHUNK_BYTES
-        pairs = iter(source)
-        for chunk in plan_chunks(info.dtype_names, info.shapes, chunk_bytes):
-            if received.done():
-                received.result()  # the server refused the round: do not wait in a broadcast for it
-                raise RuntimeError("the server finished receiving before the broadcast did")
-            parts = []
-            for i in chunk:
-                name, tensor = next(pairs)
-                if name != info.names[i] or list(tensor.shape) != info.shapes[i]:
-                    raise RuntimeError(f"weight source yielded {name} {list(tensor.shape)}, expected "
-                                       f"{info.names[i]} {info.shapes[i]}")
-                parts.append(tensor.reshape(-1))
-            _broadcast(self._group, parts[0].contiguous() if len(parts) == 1 else torch.cat(parts))
+        with closing(iter(source)) as pairs:
+            for chunk in plan_chunks(info.dtype_names, info.shapes, chunk_bytes):
+                if received.done():
+                    received.result()  # the server refused the round: do not wait in a broadcast for it
+                    raise RuntimeError("the server finished receiving before the broadcast did")
+                _broadcast(self._group, _packed(pairs, info, chunk))
 
     def shutdown(self) -> None:
         """Drop the group and the store (the server's side of a broken group errors out at once)."""

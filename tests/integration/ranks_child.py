@@ -11,6 +11,7 @@ into DIR, read back into a fresh engine.
 """
 import argparse
 import os
+from concurrent.futures import Future
 
 import torch
 import torch.distributed as dist
@@ -21,7 +22,10 @@ from coevolve.services.learner.trainer.build import build_trainer, load_trainer,
 from coevolve.services.learner.loop import checkpoint as ckpt
 from coevolve.services.learner.ranks.driver import Driver, follow
 from coevolve.services.learner.ranks.group import Ranks, init_group, release
+from coevolve.services.fleet.transfer import GlooTrainerInitInfo, GlooTrainerWeightTransferEngine, GlooUpdateInfo, \
+    NamedTensorSource
 from coevolve.services.learner.trainer.shapes import random_llama
+from coevolve.services.learner.trainer.trainer import PolicyWeights
 
 SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, vocab_size=256)
 
@@ -81,6 +85,33 @@ def engine_for(kind: str, config: dict):
     return build_trainer(model, GRPOConfig(**config, deepspeed_config=kind))
 
 
+class _Recorded:
+    """A gloo group whose broadcasts are kept."""
+
+    def __init__(self) -> None:
+        self.sent: list[torch.Tensor] = []
+
+    def broadcast(self, tensors, options):
+        self.sent.append(tensors[0].clone())
+        return self
+
+    def wait(self) -> bool:
+        return True
+
+
+def pushed(driver: Driver) -> torch.Tensor:
+    """What one gloo round of a push sends (the policy streamed from every rank, 4 KiB chunks), flat."""
+    source = NamedTensorSource(PolicyWeights(driver))
+    meta = source.metadata()
+    info = GlooUpdateInfo(names=[m.name for m in meta], dtype_names=[str(m.dtype).removeprefix("torch.") for m in meta],
+                          shapes=[list(m.shape) for m in meta])
+    engine = GlooTrainerWeightTransferEngine(client=None, info=GlooTrainerInitInfo("127.0.0.1", 0, rank=0,
+                                                                                    chunk_bytes=4096))
+    engine._group = _Recorded()
+    engine._broadcast(source, info, Future())
+    return torch.cat(engine._group.sent)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("engine")
@@ -115,6 +146,8 @@ def main() -> None:
         out["metrics"] = driver.update(grouped_batch())
         out["times"] = engine.rank_times
         out["weights"] = driver.state_dict()
+        out["pushed"] = pushed(driver)
+        out["after_push"] = driver.state_dict()  # the ranks are in step after a push's passes
         if args.checkpoint:
             ckpt.save_checkpoint(args.checkpoint, driver, step=1, run_id="r", policy_version=1, sampler={},
                                  config={})

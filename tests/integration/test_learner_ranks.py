@@ -73,6 +73,9 @@ def test_two_ranks_train_what_one_rank_trains(tmp_path, kind, options, zero3, pl
         assert run["metrics"]["loss_tokens"] == reference["metrics"]["loss_tokens"]
     # Adam's first step moves each weight by about lr (1e-3): far above these tolerances
     assert max_diff(two["weights"], one["weights"]) < 1e-5
+    for run in (one, two):  # a push streamed from the ranks sends the weights, and leaves them in step
+        assert torch.equal(run["pushed"], torch.cat([t.reshape(-1) for t in run["weights"].values()]))
+        assert max_diff(run["after_push"], run["weights"]) == 0
     assert max_diff(two["weights"], reference["weights"]) < 2e-5
     assert max_diff(two["weights"], two["start"]) > 1e-5  # the update moved the (merged) weights
 

@@ -111,12 +111,12 @@ class Learner(Service):
         self.producer = EventProducer(self.cfg.kafka_bootstrap, client_id="coevolve-learner", service="learner")
         version = self._replay()
         self.updates_done = self.trainer.updates
-        if self.done or isinstance(self.backend, FleetBackend):  # a resumed run has moved on; a fleet may be
-            self.backend.update_weights(self.trainer.named_parameters(), version=version)  # another run's
-            self.telemetry.version.set(version)
         self.runner = StepRunner(self.cfg, self.grpo, self.pool, self.backend, self.trainer, self.sampling,
                                  self.limits, self.run_id, self.reward)
         self.runner.should_stop = self._alive
+        if self.done or isinstance(self.backend, FleetBackend):  # a resumed run has moved on; a fleet may be
+            self.runner.push(version)  # another run's
+            self.telemetry.version.set(version)
         self._follow_tasks()
         if self.cfg.resume and self.done == 0:
             self.log.info("learner.resume_fresh", workdir=str(self.cfg.workdir),

@@ -54,6 +54,7 @@ from coevolve.services.learner.loop.sampler import Drawn, TaskPool
 from coevolve.services.learner.ranks.driver import Training
 from coevolve.services.learner.trainer.batch import TrainSequence
 from coevolve.services.learner.trainer.grpo import group_advantages
+from coevolve.services.learner.trainer.trainer import PolicyWeights
 
 Reward = Callable[[Episode], float]
 
@@ -218,8 +219,12 @@ class StepRunner:
         with self.times.phase("training"):
             metrics = self.trainer.update(batch)
         with self.times.phase("push"):
-            push = self.backend.update_weights(self.trainer.named_parameters(), version=self.backend.version + 1)
+            push = self.push(self.backend.version + 1)
         return Update(metrics, True, push)
+
+    def push(self, version: int) -> Any:
+        """Load the policy into the rollout backend as `version`, streamed tensor by tensor."""
+        return self.backend.update_weights(PolicyWeights(self.trainer), version=version)
 
     def policy_record(self, step: int, update: Update) -> dict[str, Any] | None:
         """The `PolicyUpdated` record of the step's push."""

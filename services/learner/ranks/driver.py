@@ -83,6 +83,8 @@ class Driver(Training):
     def _together(self) -> Iterator[None]:
         try:
             yield
+        except GeneratorExit:  # a pass over the weights closed early, drained on every rank: still in step
+            raise
         except BaseException:
             self.broken = True
             raise

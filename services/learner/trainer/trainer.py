@@ -19,6 +19,7 @@ import copy
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -256,3 +257,13 @@ class TorchTrainer(Trainer):
         self.policy_module.load_state_dict(torch.load(folder / "policy.pt", weights_only=True))
         self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
 
+
+class PolicyWeights:
+    """The policy's (name, tensor) pairs as a push reads them: each pass calls `named_parameters` anew,
+    so a sharded trainer gathers one tensor at a time (with every rank) and nothing holds them all."""
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter(self.trainer.named_parameters())
