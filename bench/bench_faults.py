@@ -1,6 +1,7 @@
 """Fault-injection runs, repeated: `coevolve run --preset smoke` with the validator, explorer, signal
-worker and learner each SIGKILLed once where a crash costs the most (tests/faults/), each on a fresh
-embedded broker, and how many of the N runs lost or doubled nothing.
+worker and learner each SIGKILLed once where a crash costs the most, and one validator dual-pass call
+that would compute for minutes (tests/faults/), each on a fresh embedded broker, and how many of the N
+runs lost or doubled nothing and stopped the call at its limit.
 
     python -m bench.bench_faults [--repeats N] [--workdir DIR]
 

@@ -14,7 +14,6 @@ replayed results differ from the logged ones is lost, and its episode ends with 
 from __future__ import annotations
 
 import itertools
-import logging
 import os
 import pickle
 import resource
@@ -31,8 +30,9 @@ from typing import Any, Iterator
 from coevolve.services.envs.base import Task
 from coevolve.services.envs.calls import Call, Rejected
 from coevolve.services.envs.tools import InvalidTask, LocalWorkspace
+from coevolve.services.runtime.log import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger("tool_host")
 
 START_S = 60.0  # a new host's imports, before its first request
 
@@ -127,10 +127,11 @@ class ToolHost:
             self._start()
         try:
             return self._round_trip(request, self.limit_s)
-        except _HostEnded:
+        except _HostEnded as exc:
             self.restarts += 1
-            log.warning("tool host ended", extra={"request": request[0], "limit_s": self.limit_s,
-                                                  "restarts": self.restarts})
+            call = request[2].name if request[0] == "run" else None
+            log.warning("tool_host.ended", request=request[0], call=call, reason=str(exc), restarts=self.restarts,
+                        open_workspaces=len(self._logs))
             self._end()
             self._rebuild()
             raise
@@ -189,17 +190,19 @@ class ToolHost:
         pending = sorted(self._logs)
         while pending:
             ws = pending[0]
+            if self._process is None:
+                self._start()
             try:
-                if self._process is None:
-                    self._start()
                 why = self._replay(ws, self._logs[ws])
             except _HostEnded as exc:
                 self._end()
                 why = f"replaying its calls {exc}"
+            except (InvalidTask, RuntimeError) as exc:
+                why = f"replaying its calls failed: {exc}"
             if why:
                 self._lost[ws] = why
                 self._logs.pop(ws)
-                log.warning("tool workspace lost", extra={"workspace": ws, "reason": why})
+                log.warning("tool_host.workspace_lost", workspace=ws, reason=why)
             pending.pop(0)
 
     def _replay(self, ws: int, entry: _Log) -> str | None:

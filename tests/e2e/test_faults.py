@@ -1,5 +1,6 @@
 """`coevolve run --preset smoke` with the validator, explorer, signal worker and learner each SIGKILLed
-once where a crash costs the most (tests/faults/): the run completes, its summary agrees with the broker,
+once where a crash costs the most, and a dual-pass call that would compute for minutes (tests/faults/):
+the call is stopped at the tool host's limit, the run completes, its summary agrees with the broker,
 every task has one verdict on the topic and in the archive, no validated task leaves the pool, the live
 signals equal a replay of the archive, and no trajectory is counted twice."""
 import pytest
@@ -15,7 +16,7 @@ def test_a_run_whose_services_are_each_killed_once_loses_and_doubles_nothing(tmp
     with EmbeddedBroker() as broker:
         outcome = run(tmp_path, broker.bootstrap, "faults-e2e")
     assert outcome.returncode == 0, outcome.output[-6000:]
-    assert outcome.fired == sorted(FAULTS), outcome.output[-6000:]
+    assert outcome.fired == sorted(FAULTS + ("stall",)), outcome.output[-6000:]
     assert not outcome.problems, "\n".join(outcome.problems)
     for name in FAULTS:
         assert f"{name} exited with code -9; restarting it" in outcome.output

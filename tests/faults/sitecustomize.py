@@ -9,27 +9,42 @@ at the moment where a crash costs the most:
 - streams:   after a batch's sends and changelog writes are confirmed, before Faust acknowledges it;
 - learner:   after step 2 is published, before its checkpoint.
 
+And one call stalls: the first attempt the validator's dual pass scores starts with a call that would
+compute for minutes in-process (`STALL`, a MathAPI call, so the task gets MathAPI's stateless tools for
+that pass); the tool host stops it at its limit, and `<COEVOLVE_FAULTS>/stall` records how many seconds
+that dual pass took.
+
 Each fires once per run: the first process to reach its moment creates `<COEVOLVE_FAULTS>/<service>`
 (exclusively) with its pid, then kills itself; a restarted process finds the file and runs on. The
 patches are applied as each module is first imported, so nothing changes in the services' code.
 """
+import dataclasses
 import importlib.abc
 import os
 import signal
 import sys
+import time
 
 FOLDER = os.environ.get("COEVOLVE_FAULTS")
 STEP = 2  # the learner dies after publishing this step
+STALL = "round_number(number=1, decimal_places=-100000000)"  # CPython builds 10**(10**8): minutes
+
+
+def claim(fault: str) -> bool:
+    """Whether this process is the first to reach `fault` in this run (it creates the fault's file)."""
+    try:
+        os.close(os.open(os.path.join(FOLDER, fault), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
 
 
 def fire(service: str) -> None:
     """SIGKILL this process unless `service`'s fault fired already in this run."""
-    try:
-        fd = os.open(os.path.join(FOLDER, service), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
+    if not claim(service):
         return
-    os.write(fd, str(os.getpid()).encode())
-    os.close(fd)
+    with open(os.path.join(FOLDER, service), "w") as fh:
+        fh.write(str(os.getpid()))
     sys.stderr.flush()
     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -69,6 +84,23 @@ def streams(module) -> None:
     module.store_batch = store_batch
 
 
+def stages(module) -> None:
+    dual_pass = module.check_dual_pass
+
+    def check_dual_pass(task, attempts):
+        if not attempts or not claim("stall"):
+            return dual_pass(task, attempts)
+        first = [list(turn) for turn in attempts[0]] or [[]]
+        math = dataclasses.replace(task, involved_classes=tuple(dict.fromkeys(task.involved_classes + ("MathAPI",))))
+        started = time.monotonic()
+        outcome = dual_pass(math, [[[STALL] + first[0]] + first[1:]] + list(attempts[1:]))
+        with open(os.path.join(FOLDER, "stall"), "w") as fh:
+            fh.write(f"{time.monotonic() - started:.1f}")
+        return outcome
+
+    module.check_dual_pass = check_dual_pass
+
+
 def learner(module) -> None:
     checkpoint = module.Learner._checkpoint
 
@@ -80,7 +112,8 @@ def learner(module) -> None:
     module.Learner._checkpoint = _checkpoint
 
 
-PATCHES = {"coevolve.services.validator.service": validator, "coevolve.services.explorer.service": explorer,
+PATCHES = {"coevolve.services.validator.service": validator, "coevolve.services.validator.stages": stages,
+           "coevolve.services.explorer.service": explorer,
            "coevolve.streams.worker.faust_compat": streams, "coevolve.services.learner.loop.service": learner}
 
 
