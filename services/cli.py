@@ -539,10 +539,11 @@ def learner(
             raise typer.BadParameter(str(exc)) from None
         raise typer.Exit(run_ranks(settings.ranks, sys.argv[1:], coevolve_command()))
     if ranks.many and not ranks.driver:  # a training rank that follows rank 0 (ranks/worker.py)
+        from coevolve.services.learner.ranks.group import leave
         from coevolve.services.learner.ranks.worker import serve_rank
 
         serve_rank(settings, ranks)
-        return
+        leave()
     try:
         service = Learner(settings)
     except ConfigError as exc:

@@ -1,8 +1,9 @@
 """The fault-injection run: `coevolve run --preset smoke` while the validator, the explorer, the signal
 worker and the learner are each SIGKILLed once where a crash costs the most, and one dual-pass call of
 the validator would compute for minutes (`sitecustomize.py`), and the checks that nothing was lost or
-counted twice and that the call was stopped at its limit. `tests/e2e/test_faults.py` runs it once;
-`python -m bench.bench_faults --repeats N` runs it N times and counts the runs that pass.
+counted twice, that each update was applied once, and that the call was stopped at its limit.
+`tests/e2e/test_faults.py` runs it once; `python -m bench.bench_faults --repeats N` runs it N times and
+counts the runs that pass.
 """
 from __future__ import annotations
 
@@ -140,6 +141,7 @@ def check(workdir: Path, bootstrap: str, run_id: str, fired: list[str], unloadab
     problems += [f"unplanned restart: {r}" for r in summary["restarts"] if r["exit_code"] != -9]
     problems += _dead_letters(log, unloadable)
     problems += _steps_and_trajectories(workdir, summary, log, run_id)
+    problems += _updates_once(workdir, log, run_id)
     problems += _verdicts(workdir, summary, log, run_id, unloadable)
     problems += _signals(workdir, summary, log, run_id)
     return problems
@@ -193,6 +195,24 @@ def _steps_and_trajectories(workdir: Path, summary: dict, log: dict, run_id: str
     if sorted(r[0] for r in rows) != sorted(unique):
         problems.append(f"the archive holds {len(rows)} trajectories, the broker {len(unique)}")
     return problems
+
+
+def _updates_once(workdir: Path, log: dict, run_id: str) -> list[str]:
+    """Each update was applied once, the learner's kill and resume included: the final checkpoint's AdamW
+    has stepped once per policy version the run published, and its update count says the same."""
+    import torch
+
+    checkpoint = latest_checkpoint(workdir / "runs" / run_id / "learner")
+    if checkpoint is None:
+        return ["the learner left no checkpoint"]
+    versions = {e["version"] for e in log["PolicyUpdated"] if e["run_id"] == run_id}
+    optimizer = torch.load(checkpoint.path / "optimizer.pt", weights_only=True)
+    stepped = {int(s["step"]) for s in optimizer["state"].values()}
+    counted = json.loads((checkpoint.path / "state.json").read_text())["engine_steps"]
+    if stepped != ({len(versions)} if versions else set()) or counted != len(versions):
+        return [f"{len(versions)} policy versions published, the optimizer stepped {sorted(stepped)} times, "
+                f"the checkpoint counts {counted} updates"]
+    return []
 
 
 def _archived(workdir: Path, sql: str, run_id: str) -> list[tuple]:

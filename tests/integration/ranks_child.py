@@ -21,7 +21,7 @@ from coevolve.services.learner.config import GRPOConfig
 from coevolve.services.learner.trainer.build import build_trainer, load_trainer, prepare_policy
 from coevolve.services.learner.loop import checkpoint as ckpt
 from coevolve.services.learner.ranks.driver import Driver, follow
-from coevolve.services.learner.ranks.group import Ranks, init_group, release
+from coevolve.services.learner.ranks.group import Ranks, init_group, leave, release
 from coevolve.services.fleet.transfer import GlooTrainerInitInfo, GlooTrainerWeightTransferEngine, GlooUpdateInfo, \
     NamedTensorSource
 from coevolve.services.learner.trainer.shapes import random_llama
@@ -169,6 +169,7 @@ def main() -> None:
         torch.save(out, args.out)
     if dist.is_initialized():
         dist.destroy_process_group()
+    leave()
 
 
 if __name__ == "__main__":

@@ -9,11 +9,13 @@ policy and does its part of rank 0's commands (`driver.py`), which reach it thro
 from __future__ import annotations
 
 import faulthandler
+import logging
 import os
 import signal
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -115,3 +117,14 @@ def release() -> None:
     connections while another still reads the stop."""
     share(("stop", None))
     complete()
+
+
+def leave() -> NoReturn:
+    """End a rank's process once its group is destroyed and its results are written, without the
+    interpreter's finalization: a trainer's sharded modules still reference the group there, and gloo's
+    threads torn down with them abort the process in rare exits ("terminate called without an active
+    exception", exit -6, after all its work)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
