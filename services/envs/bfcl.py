@@ -2,7 +2,8 @@
 
 Calls run on fresh instances of BFCL's executable backends (imported from `bfcl_eval`), one set per
 episode, loaded from the task's initial state. Only public methods of the task's classes are reachable,
-with literal arguments parsed by `calls.py`; nothing is evaluated.
+with literal arguments parsed by `calls.py`; nothing is evaluated. The instances live in the tool host
+when the process bounds its tool calls (`host.py`, in every service), else here (`tools.py`).
 
 Scoring follows BFCL's multi-turn checker: when a turn ends, the turn's reference calls run on a second,
 reference set of instances; the turn passes when every public attribute of every reference instance
