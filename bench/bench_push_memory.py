@@ -4,7 +4,7 @@
 
 Two CPU ranks (torchrun, gloo, one thread each) shard a random-weight model of `shape` with FSDP2,
 float32. Rank 0 drives each push as the learner does (`ranks.Driver`: every rank gathers each tensor
-together) through the gloo sender's rounds (`GlooTrainerWeightTransferEngine._broadcast`: chunks of
+together) through the gloo sender's rounds (`transfer.broadcast_round`: chunks of
 `--chunk-mib`, cast to bfloat16) into a group that drops every chunk, so what is measured is the
 sender's own memory, not a server's. Each push runs in a fresh group of ranks (memory a process freed
 stays in its RSS, so a second push in one process would measure less); two ways, alternated:
@@ -24,7 +24,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import Future
 from pathlib import Path
 
 from bench.bench_ranks import UNSET, reset_peak, status
@@ -47,17 +46,10 @@ class _Sink:
 def push(weights, chunk_bytes: int) -> None:
     import torch
 
-    from coevolve.services.fleet.transfer import (GlooTrainerInitInfo, GlooTrainerWeightTransferEngine,
-                                                  GlooUpdateInfo, NamedTensorSource)
+    from coevolve.services.fleet.transfer import GlooUpdateInfo, NamedTensorSource, broadcast_round
 
     source = NamedTensorSource(weights, torch.bfloat16)
-    meta = source.metadata()
-    info = GlooUpdateInfo(names=[m.name for m in meta], dtype_names=["bfloat16"] * len(meta),
-                          shapes=[list(m.shape) for m in meta])
-    engine = GlooTrainerWeightTransferEngine(client=None, info=GlooTrainerInitInfo("127.0.0.1", 0, rank=0,
-                                                                                    chunk_bytes=chunk_bytes))
-    engine._group = _Sink()
-    engine._broadcast(source, info, Future())
+    broadcast_round(_Sink(), source, GlooUpdateInfo.of(source.metadata()), chunk_bytes)
 
 
 def rank_child(args) -> None:

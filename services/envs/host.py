@@ -54,9 +54,7 @@ class _Log:
 class ToolHost:
     """The client side: one host process at a time, restarted after a stall or a death."""
 
-    def __init__(self, limit_s: float, memory_mb: int):
-        if limit_s <= 0 or memory_mb < 256:
-            raise ValueError(f"limit_s={limit_s} must be positive and memory_mb={memory_mb} at least 256")
+    def __init__(self, limit_s: float, memory_mb: int):  # bounds checked where they are set (EpisodeLimits)
         self.limit_s, self.memory_mb = limit_s, memory_mb
         self.stopped = self.restarts = 0
         self._lock = threading.Lock()
@@ -100,9 +98,6 @@ class ToolHost:
                 self._lost[ws] = f"comparing its state {exc}"
                 self._logs.pop(ws, None)
                 raise WorkspaceLost(self._lost[ws]) from None
-
-    def lost(self, ws: int) -> str | None:
-        return self._lost.get(ws)
 
     def collect(self, ws: int) -> None:
         """Called when a workspace is garbage-collected: freed in the host with the next request."""
@@ -228,10 +223,6 @@ class HostedWorkspace:
         self.host = host
         self.ws = host.open(task)
         weakref.finalize(self, host.collect, self.ws)
-
-    @property
-    def lost(self) -> str | None:
-        return self.host.lost(self.ws)
 
     def run(self, call: Call | Rejected) -> str:
         return self.host.run(self.ws, call)

@@ -84,8 +84,6 @@ def render_result(value: Any) -> str:
 class LocalWorkspace:
     """Fresh backend instances for one task, in this process, and the only way to call them."""
 
-    lost: str | None = None
-
     def __init__(self, task: Task):
         self.instances: dict[str, Any] = {}
         self.owner: dict[str, str] = {}

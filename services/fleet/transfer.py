@@ -121,6 +121,12 @@ class GlooUpdateInfo(WeightTransferUpdateInfo):
         if not len(self.names) == len(self.dtype_names) == len(self.shapes):
             raise ValueError("names, dtype_names and shapes must have the same length")
 
+    @classmethod
+    def of(cls, meta: list[ParamMeta]) -> "GlooUpdateInfo":
+        """The round that sends a source with this metadata."""
+        return cls(names=[m.name for m in meta], dtype_names=[str(m.dtype).removeprefix("torch.") for m in meta],
+                   shapes=[list(m.shape) for m in meta])
+
 
 class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo]):
     """Server side: receives broadcast weights and loads them at the end of the round."""
@@ -232,6 +238,18 @@ class NamedTensorSource(WeightSource):
         return sum(m.dtype.itemsize * _numel(m.shape) for m in self.metadata())
 
 
+def broadcast_round(group: Any, source: WeightSource, info: GlooUpdateInfo, chunk_bytes: int,
+                    received: Future | None = None) -> None:
+    """Broadcast one round's chunks over `group`, the source read one tensor at a time; stop when the
+    server's side of the round (`received`) has ended early."""
+    with closing(iter(source)) as pairs:
+        for chunk in plan_chunks(info.dtype_names, info.shapes, chunk_bytes):
+            if received is not None and received.done():
+                received.result()  # the server refused the round: do not wait in a broadcast for it
+                raise RuntimeError("the server finished receiving before the broadcast did")
+            _broadcast(group, _packed(pairs, info, chunk))
+
+
 def _packed(pairs: Iterator[tuple[str, torch.Tensor]], info: GlooUpdateInfo, chunk: list[int]) -> torch.Tensor:
     """The chunk's tensors, taken from `pairs` one at a time into one flat buffer."""
     flat: torch.Tensor | None = None
@@ -309,14 +327,13 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
             return
         if self._group is None:
             raise RuntimeError("the gloo group is gone; initialize the engine again (trainer_init)")
-        info = GlooUpdateInfo(names=[m.name for m in meta], dtype_names=[str(m.dtype).removeprefix("torch.")
-                                                                          for m in meta],
-                              shapes=[list(m.shape) for m in meta])
+        info = GlooUpdateInfo.of(meta)
         received: Future | None = None
         try:
             self.client.start_weight_update()
             received = _background(self.client.update_weights, asdict(info))
-            self._broadcast(source, info, received)
+            broadcast_round(self._group, source, info, self.info.chunk_bytes if self.info else DEFAULT_CHUNK_BYTES,
+                            received)
             received.result()
         except BaseException as exc:
             self.shutdown()
@@ -327,15 +344,6 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
                 wait([received], timeout=self.info.timeout_s if self.info else None)
             raise
         self.client.finish_weight_update(weight_version)
-
-    def _broadcast(self, source: WeightSource, info: GlooUpdateInfo, received: Any) -> None:
-        chunk_bytes = self.info.chunk_bytes if self.info else DEFAULT_CHUNK_BYTES
-        with closing(iter(source)) as pairs:
-            for chunk in plan_chunks(info.dtype_names, info.shapes, chunk_bytes):
-                if received.done():
-                    received.result()  # the server refused the round: do not wait in a broadcast for it
-                    raise RuntimeError("the server finished receiving before the broadcast did")
-                _broadcast(self._group, _packed(pairs, info, chunk))
 
     def shutdown(self) -> None:
         """Drop the group and the store (the server's side of a broken group errors out at once)."""

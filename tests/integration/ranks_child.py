@@ -11,7 +11,6 @@ into DIR, read back into a fresh engine.
 """
 import argparse
 import os
-from concurrent.futures import Future
 
 import torch
 import torch.distributed as dist
@@ -22,10 +21,9 @@ from coevolve.services.learner.trainer.build import build_trainer, load_trainer,
 from coevolve.services.learner.loop import checkpoint as ckpt
 from coevolve.services.learner.ranks.driver import Driver, follow
 from coevolve.services.learner.ranks.group import Ranks, init_group, leave, release
-from coevolve.services.fleet.transfer import GlooTrainerInitInfo, GlooTrainerWeightTransferEngine, GlooUpdateInfo, \
-    NamedTensorSource
 from coevolve.services.learner.trainer.shapes import random_llama
 from coevolve.services.learner.trainer.trainer import PolicyWeights
+from tests.unit.test_fleet_stream import Group, push_round
 
 SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, vocab_size=256)
 
@@ -85,31 +83,11 @@ def engine_for(kind: str, config: dict):
     return build_trainer(model, GRPOConfig(**config, deepspeed_config=kind))
 
 
-class _Recorded:
-    """A gloo group whose broadcasts are kept."""
-
-    def __init__(self) -> None:
-        self.sent: list[torch.Tensor] = []
-
-    def broadcast(self, tensors, options):
-        self.sent.append(tensors[0].clone())
-        return self
-
-    def wait(self) -> bool:
-        return True
-
-
 def pushed(driver: Driver) -> torch.Tensor:
     """What one gloo round of a push sends (the policy streamed from every rank, 4 KiB chunks), flat."""
-    source = NamedTensorSource(PolicyWeights(driver))
-    meta = source.metadata()
-    info = GlooUpdateInfo(names=[m.name for m in meta], dtype_names=[str(m.dtype).removeprefix("torch.") for m in meta],
-                          shapes=[list(m.shape) for m in meta])
-    engine = GlooTrainerWeightTransferEngine(client=None, info=GlooTrainerInitInfo("127.0.0.1", 0, rank=0,
-                                                                                    chunk_bytes=4096))
-    engine._group = _Recorded()
-    engine._broadcast(source, info, Future())
-    return torch.cat(engine._group.sent)
+    group = Group()
+    push_round(PolicyWeights(driver), group, chunk_bytes=4096, dtype=None)
+    return torch.cat(group.sent)
 
 
 def main() -> None:

@@ -1,13 +1,11 @@
 """A weight push streams the policy: the gloo sender holds one gathered tensor and the chunk it is packing,
 never the whole policy, and a round that breaks ends the pass (every rank takes part in each gather)."""
 import weakref
-from concurrent.futures import Future
 
 import pytest
 import torch
 
-from coevolve.services.fleet.transfer import (GlooTrainerInitInfo, GlooTrainerWeightTransferEngine, GlooUpdateInfo,
-                                              NamedTensorSource, plan_chunks)
+from coevolve.services.fleet.transfer import GlooUpdateInfo, NamedTensorSource, broadcast_round, plan_chunks
 
 SHAPES = [(f"layers.{i}.weight", (4, 8)) for i in range(12)]
 
@@ -52,21 +50,17 @@ class Group:
         return True
 
 
-def _round(weights, group, chunk_bytes):
-    source = NamedTensorSource(weights, torch.bfloat16)
-    meta = source.metadata()
-    info = GlooUpdateInfo(names=[m.name for m in meta], dtype_names=[str(m.dtype).removeprefix("torch.") for m in meta],
-                          shapes=[list(m.shape) for m in meta])
-    engine = GlooTrainerWeightTransferEngine(client=None, info=GlooTrainerInitInfo("127.0.0.1", 0, rank=0,
-                                                                                    chunk_bytes=chunk_bytes))
-    engine._group = group
-    engine._broadcast(source, info, Future())
+def push_round(weights, group, chunk_bytes, dtype=torch.bfloat16) -> GlooUpdateInfo:
+    """One gloo round of a push of `weights` over `group`, as a server's round sends it."""
+    source = NamedTensorSource(weights, dtype)
+    info = GlooUpdateInfo.of(source.metadata())
+    broadcast_round(group, source, info, chunk_bytes)
     return info
 
 
 def test_a_push_holds_one_gathered_tensor_at_a_time_and_sends_the_chunks_in_order():
     weights, group = Gathered(), Group()
-    info = _round(weights, group, chunk_bytes=3 * 4 * 8 * 2)  # three bfloat16 tensors a chunk
+    info = push_round(weights, group, chunk_bytes=3 * 4 * 8 * 2)  # three bfloat16 tensors a chunk
     assert weights.most_alive == 1
     assert weights.passes == weights.ended == 2  # the metadata's pass, then the round's
     assert [len(c) for c in plan_chunks(info.dtype_names, info.shapes, 3 * 64)] == [3] * 4
@@ -77,7 +71,7 @@ def test_a_push_holds_one_gathered_tensor_at_a_time_and_sends_the_chunks_in_orde
 def test_a_broken_round_ends_its_pass_over_the_weights():
     weights = Gathered()
     with pytest.raises(RuntimeError, match="closed by peer"):
-        _round(weights, Group(fail_at=1), chunk_bytes=3 * 64)
+        push_round(weights, Group(fail_at=1), chunk_bytes=3 * 64)
     assert weights.passes == weights.ended == 2
 
 
