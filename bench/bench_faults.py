@@ -1,7 +1,9 @@
-"""Fault-injection runs, repeated: `coevolve run --preset smoke` with the validator, explorer, signal
-worker and learner each SIGKILLed once where a crash costs the most, and one validator dual-pass call
-that would compute for minutes (tests/faults/), each on a fresh embedded broker, and how many of the N
-runs lost or doubled nothing and stopped the call at its limit.
+"""Fault-injection runs, repeated: `coevolve run --preset smoke` on the rollout fleet with the validator,
+explorer, signal worker and learner each SIGKILLed once where a crash costs the most, the fleet's server
+SIGKILLed during a push, the broker unreachable from the learner while it publishes a step, the explorer
+starting on a backlog, and one validator dual-pass call that would compute for minutes (tests/faults/),
+each on a fresh embedded broker, and how many of the N runs lost or doubled nothing, applied each update
+once, and resumed past every failed step.
 
     python -m bench.bench_faults [--repeats N] [--workdir DIR]
 

@@ -16,7 +16,8 @@ nccl engine on GPUs; opened on first use, re-opened after a failure), finishes t
 version, resets its prefix cache and resumes it. A server whose gloo transfer fails keeps its old
 weights and version, and its completions say so; it is retried at the next update. One whose nccl
 transfer fails may hold layers of two versions (vLLM loads each as it arrives): it is marked down, and
-the next update, which revives it, replaces every layer.
+the next update, which revives it, replaces every layer. One that dies inside a round fails it at once
+(its transfer call breaks; gloo alone would wait out its timeout) and is marked down.
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ import datetime
 import gc
 import threading
 import traceback
-from concurrent.futures import FIRST_EXCEPTION, Future, wait
+from concurrent.futures import FIRST_COMPLETED, FIRST_EXCEPTION, Future, wait
 from contextlib import closing
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, Generator, Iterable, Iterator, Self
@@ -78,16 +78,18 @@ def _group(address: str, port: int, rank: int, world_size: int, timeout_s: float
 
 
 def _background(fn: Any, *args: Any) -> Future:
-    """Run `fn` in a daemon thread (one left blocked by a broken peer does not hold up the exit)."""
+    """Run `fn` in a daemon thread (one left blocked by a broken peer does not hold up the exit). The
+    arguments are the thread's, not the closure's: a failure's traceback keeps its frames' functions, and
+    a group held that way would never be destroyed, leaving the server blocked in its round."""
     future: Future = Future()
 
-    def run() -> None:
+    def run(*arguments: Any) -> None:
         try:
-            future.set_result(fn(*args))
+            future.set_result(fn(*arguments))
         except BaseException as exc:
             future.set_exception(exc)
 
-    threading.Thread(target=run, name="gloo-transfer", daemon=True).start()
+    threading.Thread(target=run, args=args, name="gloo-transfer", daemon=True).start()
     return future
 
 
@@ -247,7 +249,17 @@ def broadcast_round(group: Any, source: WeightSource, info: GlooUpdateInfo, chun
             if received is not None and received.done():
                 received.result()  # the server refused the round: do not wait in a broadcast for it
                 raise RuntimeError("the server finished receiving before the broadcast did")
-            _broadcast(group, _packed(pairs, info, chunk))
+            tensor = _packed(pairs, info, chunk)
+            if received is None:
+                _broadcast(group, tensor)
+                continue
+            sent = _background(_broadcast, group, tensor)
+            wait([sent, received], return_when=FIRST_COMPLETED)
+            if not sent.done() and received.exception() is not None:
+                # The server left the round (its process died): gloo would wait out its timeout for a peer
+                # that is gone, so the blocked broadcast is left to end in its own thread.
+                received.result()
+            sent.result()
 
 
 def _packed(pairs: Iterator[tuple[str, torch.Tensor]], info: GlooUpdateInfo, chunk: list[int]) -> torch.Tensor:

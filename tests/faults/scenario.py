@@ -1,7 +1,10 @@
-"""The fault-injection run: `coevolve run --preset smoke` while the validator, the explorer, the signal
-worker and the learner are each SIGKILLed once where a crash costs the most, and one dual-pass call of
-the validator would compute for minutes (`sitecustomize.py`), and the checks that nothing was lost or
-counted twice, that each update was applied once, and that the call was stopped at its limit.
+"""The fault-injection run: `coevolve run --preset smoke` on the rollout fleet while the validator, the
+explorer, the signal worker and the learner are each SIGKILLed once where a crash costs the most, the
+fleet's server is SIGKILLed during a push, the broker is unreachable from the learner for longer than
+its producer's retries while it publishes a step, the explorer starts on a backlog of closed periods,
+and one dual-pass call of the validator would compute for minutes (`sitecustomize.py`); and the checks
+that nothing was lost or counted twice, that each update was applied once, that the learner stopped
+with a message at each failed step and resumed, and that the call was stopped at its limit.
 `tests/e2e/test_faults.py` runs it once; `python -m bench.bench_faults --repeats N` runs it N times and
 counts the runs that pass.
 """
@@ -23,8 +26,12 @@ from coevolve.services.kafka.topics import (CATALOG, EXPLORATIONS, SIGNALS, STEP
                                              create_topics)
 from coevolve.services.learner.loop.checkpoint import latest_checkpoint
 from coevolve.services.validator.verdict import verdict_id
+from tests.faults.sitecustomize import BACKLOG, OUTAGE_STEP
 
-FAULTS = ("validator", "explorer", "streams", "learner")
+FAULTS = ("validator", "explorer", "streams", "learner")  # each SIGKILLed once
+FAILED_STEPS = ("fleet", "outage")  # each ends the learner with a message, and the run resumes it
+OTHERS = FAILED_STEPS + ("backlog", "stall")
+DELIVERY_TIMEOUT_S = 30.0  # the learner's producer (EventProducer's default)
 # The dual pass with the stalled call: at least the tool host's limit (call_limit_s, 10 s), at most that
 # and a new host with its replays.
 STALL_S = (9.0, 60.0)
@@ -93,12 +100,69 @@ def run(workdir: Path, bootstrap: str, run_id: str, timeout_s: float = 1200) -> 
     env = {**os.environ, "COEVOLVE_FAULTS": str(faults),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([EXE, "run", "--preset", "smoke", "--workdir", str(workdir), "--bootstrap", bootstrap,
-                           "--run-id", run_id], capture_output=True, text=True, timeout=timeout_s, env=env)
+                           "--run-id", run_id, "--set", "learner.backend=vllm-server"],
+                          capture_output=True, text=True, timeout=timeout_s, env=env)
     output = done.stdout + done.stderr
     fired = sorted(p.name for p in faults.iterdir())
     if done.returncode != 0:
         return Outcome(done.returncode, output, fired, [f"coevolve run exited with {done.returncode}"])
     return Outcome(done.returncode, output, fired, check(workdir, bootstrap, run_id, fired, unloadable))
+
+
+def _restarts(summary: dict, fired: list[str]) -> list[str]:
+    """A restart after each kill, one of the learner after each failed step, and no other."""
+    restarts = summary["restarts"]
+    problems = [f"unplanned restart: {r}" for r in restarts if r["cause"] != "exit"]
+    killed = [r["service"] for r in restarts if r["cause"] == "exit" and r["exit_code"] == -9]
+    failed = [r["service"] for r in restarts if r["cause"] == "exit" and r["exit_code"] != -9]
+    problems += [f"summary.json lists no restart of the killed {name}" for name in FAULTS
+                 if name in fired and name not in killed]
+    if sorted(killed) != sorted(name for name in FAULTS if name in fired):
+        problems.append(f"SIGKILLed and restarted: {sorted(killed)}, expected one each of {list(FAULTS)}")
+    if failed != ["learner"] * sum(name in fired for name in FAILED_STEPS):
+        problems.append(f"restarted after a failure: {failed}, expected the learner once for each of "
+                        f"{list(FAILED_STEPS)}")
+    return problems
+
+
+def _failed_steps(workdir: Path, summary: dict, log: dict, run_id: str) -> list[str]:
+    """The learner stopped with a message at the push to the killed server and at the publish the broker
+    outage broke, and the run resumed past both on the fleet."""
+    problems = [] if summary["rollout"] == "vllm-server" else [f"the learner rolled out on {summary['rollout']}"]
+    failed = sorted((e["step"], e["reason"].split(":")[0]) for e in _events(workdir / "logs" / "learner.log")
+                    if e.get("event") == "learner.step_failed")
+    if failed != [(1, "WeightTransferError"), (OUTAGE_STEP, "DeliveryError")]:
+        problems.append(f"the learner's failed steps (step, error): {failed}; expected step 1's push to the killed "
+                        f"server and step {OUTAGE_STEP}'s publish in the outage")
+    seconds = (workdir / "faults" / "outage").read_text() if (workdir / "faults" / "outage").exists() else ""
+    if seconds and float(seconds) < DELIVERY_TIMEOUT_S - 1:
+        problems.append(f"the publish gave up {seconds} s into the outage, before the producer's delivery "
+                        f"timeout of {DELIVERY_TIMEOUT_S:g} s")
+    pushed = [e for e in log["PolicyUpdated"] if e["run_id"] == run_id]
+    if not pushed or any(e["servers"] < 1 for e in pushed):
+        problems.append(f"policy updates taken by no server, or none published: {pushed}")
+    return problems
+
+
+def _events(path: Path) -> list[dict]:
+    """The structured (JSON) lines of a service's log."""
+    events = []
+    for line in path.read_text(errors="replace").splitlines() if path.exists() else []:
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            pass  # a library's own output
+    return [e for e in events if isinstance(e, dict)]
+
+
+def _backlog(record: Path, log: dict, run_id: str) -> list[str]:
+    """The explorer started on several closed periods at once and explored each."""
+    waited = int(record.read_text() or 0) if record.exists() else 0
+    if record.exists() and waited < BACKLOG:
+        return [f"the explorer started with {waited} steps on the broker, not the {BACKLOG} it waited for"]
+    explored = {e["step"] for e in log["ExplorationRecorded"] if e["run_id"] == run_id}
+    missing = sorted(set(range(1, waited + 1)) - explored)
+    return [f"steps of the explorer's starting backlog never explored: {missing}"] if missing else []
 
 
 def _stalled(record: Path) -> list[str]:
@@ -133,12 +197,11 @@ def check(workdir: Path, bootstrap: str, run_id: str, fired: list[str], unloadab
     """Every way the faults could have lost or doubled something, as messages; empty when none did."""
     summary = json.loads((workdir / "summary.json").read_text())
     log = read_log(bootstrap)
-    problems = [f"the {name} fault never fired" for name in FAULTS + ("stall",) if name not in fired]
-    killed = {r["service"] for r in summary["restarts"] if r["exit_code"] == -9 and r["cause"] == "exit"}
-    problems += [f"summary.json lists no restart of the killed {name}" for name in FAULTS
-                 if name in fired and name not in killed]
+    problems = [f"the {name} fault never fired" for name in FAULTS + OTHERS if name not in fired]
+    problems += _restarts(summary, fired)
     problems += _stalled(workdir / "faults" / "stall")
-    problems += [f"unplanned restart: {r}" for r in summary["restarts"] if r["exit_code"] != -9]
+    problems += _failed_steps(workdir, summary, log, run_id)
+    problems += _backlog(workdir / "faults" / "backlog", log, run_id)
     problems += _dead_letters(log, unloadable)
     problems += _steps_and_trajectories(workdir, summary, log, run_id)
     problems += _updates_once(workdir, log, run_id)

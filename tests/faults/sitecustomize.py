@@ -9,25 +9,40 @@ at the moment where a crash costs the most:
 - streams:   after a batch's sends and changelog writes are confirmed, before Faust acknowledges it;
 - learner:   after step 2 is published, before its checkpoint.
 
-And one call stalls: the first attempt the validator's dual pass scores starts with a call that would
-compute for minutes in-process (`STALL`, a MathAPI call, so the task gets MathAPI's stateless tools for
-that pass); the tool host stops it at its limit, and `<COEVOLVE_FAULTS>/stall` records how many seconds
-that dual pass took.
+And four more faults, each once:
+- stall:   the first attempt the validator's dual pass scores starts with a call that would compute for
+           minutes in-process (`STALL`, a MathAPI call, so the task gets MathAPI's stateless tools for
+           that pass); the tool host stops it at its limit. The file holds the dual pass's seconds.
+- fleet:   the learner's rollout server is SIGKILLed (with its engine and worker) during the push of
+           the first update, after the server has paused and entered the transfer round. The file holds
+           the killed server's pid.
+- outage:  the broker becomes unreachable from the learner while it publishes step `OUTAGE_STEP`, for
+           longer than its producer's delivery timeout: its connections are cut and each new one is
+           refused. The file holds the seconds until the publish failed.
+- backlog: the explorer's first poll waits until `BACKLOG` of the run's steps are on coevolve.steps, so
+           it starts on several closed periods at once. The file holds how many there were.
 
-Each fires once per run: the first process to reach its moment creates `<COEVOLVE_FAULTS>/<service>`
-(exclusively) with its pid, then kills itself; a restarted process finds the file and runs on. The
-patches are applied as each module is first imported, so nothing changes in the services' code.
+Each fires once per run: the first process to reach its moment creates `<COEVOLVE_FAULTS>/<fault>`
+(exclusively); a killed process writes its pid there, then kills itself; a restarted process finds the
+file and runs on. The patches are applied as each module is first imported, so nothing changes in the
+services' code.
 """
 import dataclasses
+import errno
+import gc
 import importlib.abc
 import os
 import signal
+import socket
 import sys
 import time
 
 FOLDER = os.environ.get("COEVOLVE_FAULTS")
 STEP = 2  # the learner dies after publishing this step
 STALL = "round_number(number=1, decimal_places=-100000000)"  # CPython builds 10**(10**8): minutes
+OUTAGE_STEP = 3  # the learner loses the broker while publishing this step (the smoke preset's last)
+BACKLOG = 2  # steps on the broker before the explorer's first poll
+PUSH = {}  # the fleet server being pushed to and the version, in the learner
 
 
 def claim(fault: str) -> bool:
@@ -39,12 +54,16 @@ def claim(fault: str) -> bool:
     return True
 
 
+def note(fault: str, text: str) -> None:
+    with open(os.path.join(FOLDER, fault), "w") as fh:
+        fh.write(text)
+
+
 def fire(service: str) -> None:
     """SIGKILL this process unless `service`'s fault fired already in this run."""
     if not claim(service):
         return
-    with open(os.path.join(FOLDER, service), "w") as fh:
-        fh.write(str(os.getpid()))
+    note(service, str(os.getpid()))
     sys.stderr.flush()
     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -71,6 +90,33 @@ def validator(module) -> None:
 
 def explorer(module) -> None:
     _kill_before_commit(module.Explorer, "explorer", lambda outcomes: any(o.records for o in outcomes))
+    step = module.Explorer.step
+
+    def first_step(self):
+        if claim("backlog"):
+            note("backlog", str(_await_steps(self, BACKLOG)))
+        module.Explorer.step = step
+        step(self)
+
+    module.Explorer.step = first_step
+
+
+def _await_steps(service, count: int, limit_s: float = 600.0) -> int:
+    """Wait (beating) until `count` of the run's StepCompleted are on coevolve.steps; return how many are."""
+    from coevolve.services.kafka.consumer import EventConsumer
+    from coevolve.services.kafka.topics import STEPS
+
+    consumer = EventConsumer(service.cfg.kafka_bootstrap, [STEPS.name], service="faults")
+    steps: set[int] = set()
+    deadline = time.monotonic() + limit_s
+    try:
+        while len(steps) < count and time.monotonic() < deadline and not service.stopping:
+            steps |= {item.event["step"] for item in consumer.poll(1.0) if item.name == "StepCompleted"
+                      and item.event["run_id"] == service.cfg.run_id}
+            service.beat()
+    finally:
+        consumer.close()
+    return len(steps)
 
 
 def streams(module) -> None:
@@ -101,6 +147,78 @@ def stages(module) -> None:
     module.check_dual_pass = check_dual_pass
 
 
+def publish(module) -> None:
+    publish_step = module.publish_step
+
+    def patched(producer, run_id, path, trajectories, evaluations, record, *args, **kwargs):
+        if record.step != OUTAGE_STEP or not claim("outage"):
+            return publish_step(producer, run_id, path, trajectories, evaluations, record, *args, **kwargs)
+        started = time.monotonic()
+        _partition(producer.bootstrap, producer.delivery_timeout_s + 15.0)
+        try:
+            return publish_step(producer, run_id, path, trajectories, evaluations, record, *args, **kwargs)
+        finally:
+            note("outage", f"{time.monotonic() - started:.1f}")
+
+    module.publish_step = patched
+
+
+def _partition(bootstrap: str, seconds: float) -> None:
+    """Cut this process's connections to the broker and refuse new ones for `seconds`."""
+    host, port = bootstrap.rsplit(":", 1)
+    broker, until = (socket.gethostbyname(host), int(port)), time.monotonic() + seconds
+    connect_ex = socket.socket.connect_ex
+
+    def refused(sock, address):
+        if time.monotonic() < until and tuple(address[:2]) == broker:
+            return errno.ECONNREFUSED
+        return connect_ex(sock, address)
+
+    socket.socket.connect_ex = refused
+    for sock in [o for o in gc.get_objects() if isinstance(o, socket.socket)]:
+        try:
+            if sock.fileno() >= 0 and sock.getpeername()[:2] == broker:
+                sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # not connected
+
+
+def servers(module) -> None:
+    start = module.LocalServers.start
+
+    def started(self):
+        PUSH["servers"] = self
+        return start(self)
+
+    module.LocalServers.start = started
+
+
+def backend(module) -> None:
+    push = module.FleetBackend._push
+
+    def pushing(self, server, source, version):
+        PUSH.update(index=server.index, version=version)
+        try:
+            return push(self, server, source, version)
+        finally:
+            PUSH.pop("version", None)
+
+    module.FleetBackend._push = pushing
+
+
+def transfer(module) -> None:
+    broadcast = module._broadcast
+
+    def first_broadcast(group, tensor):
+        if PUSH.get("version", 0) >= 1 and "servers" in PUSH and claim("fleet"):
+            process = PUSH["servers"].processes[PUSH["index"]]
+            note("fleet", str(process.pid))
+            PUSH["servers"].kill(PUSH["index"])
+        return broadcast(group, tensor)
+
+    module._broadcast = first_broadcast
+
+
 def learner(module) -> None:
     checkpoint = module.Learner._checkpoint
 
@@ -114,7 +232,9 @@ def learner(module) -> None:
 
 PATCHES = {"coevolve.services.validator.service": validator, "coevolve.services.validator.stages": stages,
            "coevolve.services.explorer.service": explorer,
-           "coevolve.streams.worker.faust_compat": streams, "coevolve.services.learner.loop.service": learner}
+           "coevolve.streams.worker.faust_compat": streams, "coevolve.services.learner.loop.service": learner,
+           "coevolve.services.learner.loop.publish": publish, "coevolve.services.fleet.servers": servers,
+           "coevolve.services.fleet.backend": backend, "coevolve.services.fleet.transfer": transfer}
 
 
 class PatchOnImport(importlib.abc.MetaPathFinder):

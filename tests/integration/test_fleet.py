@@ -222,7 +222,7 @@ def test_a_server_left_behind_answers_with_its_own_version(fleet, updated, monke
     assert weight_versions(servers.urls) == ["4", "4"] and backend.stats.extra["servers_behind"] == 0
 
 
-def test_a_server_killed_mid_batch_is_marked_down_and_its_requests_rerun(fleet):
+def test_a_server_killed_mid_batch_or_mid_push_is_marked_down_and_its_work_rerun_or_failed(fleet, monkeypatch):
     servers, backend = fleet
     requests = [Request(prompt_ids=prompt(backend, f"story {n}")) for n in range(16)]
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=200)
@@ -238,6 +238,17 @@ def test_a_server_killed_mid_batch_is_marked_down_and_its_requests_rerun(fleet):
     completions = result["out"]
     assert len(completions) == 16 and all(c.error is None and c.token_ids for c in completions)
     assert backend.live_servers == [servers.urls[1]]
-    servers.kill(1)
+    real = transfer._broadcast
+
+    def killed_in_the_round(group, tensor):  # the last server dies once it has entered the round
+        servers.kill(1)
+        real(group, tensor)
+
+    monkeypatch.setattr(transfer, "_broadcast", killed_in_the_round)
+    started = time.monotonic()
+    with pytest.raises(WeightTransferError, match=f"no server took version {backend.version + 1}: .*Error"):
+        backend.update_weights(perturbed_model(seed=5).named_parameters())
+    assert time.monotonic() - started < 60  # gloo alone waits out its timeout for the dead peer (300 s)
+    assert backend.live_servers == []
     with pytest.raises(FleetError, match="down"):
         backend.generate(requests[:2], GREEDY)

@@ -92,8 +92,11 @@ def test_a_step_failing_after_its_update_is_not_checkpointed_and_a_resume_replay
     service.runner = Runner(service, fail_step=2 if failure == "push" else None)
     service.step()
     after_one = weights(service.trainer)
-    with pytest.raises(WeightTransferError if failure == "push" else DeliveryError):
+    error = WeightTransferError if failure == "push" else DeliveryError
+    with caplog.at_level(logging.WARNING, logger="coevolve.learner"), pytest.raises(error):
         service.step()
+    (failed,) = [r.fields for r in caplog.records if r.getMessage() == "learner.step_failed"]
+    assert failed["step"] == 2 and failed["reason"].startswith(error.__name__) and "--resume" in failed["fix"]
     assert service.done == 1 and service.trainer.updates == 2
     with caplog.at_level(logging.WARNING, logger="coevolve.learner"):
         service.finish()

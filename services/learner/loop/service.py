@@ -1,19 +1,16 @@
 """`coevolve learner`: GRPO steps on the streaming task pool, published as events (a runtime.Service).
 
-Each `step()` of the service loop is one GRPO step: run it (`step.StepRunner`, whose draws take the
-arrived tasks into the pool first: the only time the learner waits on the loop; with max_policy_lag >= 1
-on the look-ahead thread), evaluate when due, write the step's journal entry (`journal.py`: the batch
-the update trained on, the records to publish, the pool's state after the step), then publish
-(`publish.py`) every trajectory, the `PolicyUpdated` of its push if any, the `EvaluationCompleted`s if
-any, and the `StepCompleted`, each batch confirmed by the broker before the next, and checkpoint every
-`checkpoint_every` steps; a checkpoint prunes the journal up to its step. A SIGTERM or SIGINT stops the
-loop at the next step boundary; `finish()` checkpoints the last completed step, unless a step failed
-after its update (the weights are no longer that step's: a resume replays the journal instead).
+Each `step()` is one GRPO step: run it (`step.StepRunner`, whose draws take the arrived tasks into the
+pool first, on the look-ahead thread with max_policy_lag >= 1), evaluate when due, write the step's
+journal entry (`journal.py`: the batch the update trained on, the records to publish, the pool after the
+step), publish them (`publish.py`, each batch confirmed by the broker before the next), and checkpoint
+every `checkpoint_every` steps, pruning the journal. A SIGTERM or SIGINT stops at the next step boundary.
+A step that fails after its update (a push no server took, a publish the broker never confirmed) ends
+the learner with `learner.step_failed` and the fix; `finish()` checkpoints only a step its weights hold.
 
-Resuming. `--resume` continues the run in the workdir (`replay.resolve_run`): it restores the latest
-checkpoint, replays the journal's entries after it without rollouts (`replay.py`), pushes the weights to
-the rollout backend once, and trains on from the step after the last entry. A run on the rollout fleet
-pushes its starting weights at start too: a long-lived fleet may serve another run's policy.
+Resuming. `--resume` restores the latest checkpoint, replays the journal's entries after it without
+rollouts (`replay.py`, publishing what they hold), pushes the weights once, and trains on. A run on the
+rollout fleet pushes its starting weights at start too: a long-lived fleet may serve another run's policy.
 
 Unloadable tasks. A task whose episode cannot start is refused or dropped by the pool (sampler.py); the
 learner dead-letters an arrival (publish.py), logs `learner.task_unloadable`, counts it, and trains on.
@@ -29,6 +26,7 @@ from coevolve.services.agent.config import SamplingConfig
 from coevolve.services.agent.episodes import EpisodesStopped
 from coevolve.services.envs.host import bounded_tool_calls
 from coevolve.services.fleet.backend import FleetBackend, FleetError, WeightTransferError
+from coevolve.services.kafka.producer import DeliveryError, EventProducer
 from coevolve.services.learner.config import LearnerConfig, LearnerSettings, rollout_backend
 from coevolve.services.learner.loop import checkpoint as ckpt, journal
 from coevolve.services.learner.loop.evaluation import due, evaluate, evaluate_subjects
@@ -93,7 +91,6 @@ class Learner(Service):
 
     def start(self) -> None:
         from coevolve.services.agent.backends import make_backend
-        from coevolve.services.kafka.producer import EventProducer
 
         init_group(self.ranks)
         self.pool = self._pool()
@@ -218,9 +215,7 @@ class Learner(Service):
             self.log.info("learner.step_abandoned", step=step, reason=str(stopped))
             return
         except (FleetError, WeightTransferError) as failed:  # nothing of it published: --resume redoes it
-            self.log.error("learner.step_failed", step=step, reason=str(failed),
-                           fix="bring the servers back (their logs are under <workdir>/servers for local ones), "
-                               "then rerun with --resume")
+            self.telemetry.failed(step, failed, "bring the servers back (local ones log under <workdir>/servers)")
             raise
         finally:
             self._report_unloadable()  # tasks the pool refused as they arrived, or the step's draws dropped
@@ -240,8 +235,12 @@ class Learner(Service):
             step, self.run_id, result.trained, result.batch, result.trajectories, evaluation, record,
             self.backend.version, self.trainer.updates, sampler, policy_update=result.policy_update,
             subjects=subjects))
-        record = publish_step(self.producer, self.run_id, path, result.trajectories, [evaluation, subjects], record,
-                              started=started, policy_update=result.policy_update)
+        try:
+            record = publish_step(self.producer, self.run_id, path, result.trajectories, [evaluation, subjects],
+                                  record, started=started, policy_update=result.policy_update)
+        except DeliveryError as failed:  # journaled: --resume replays the step from its entry and publishes it
+            self.telemetry.failed(step, failed, "bring the broker back")
+            raise
         self.done, self.last, self.pool_state = step, dataclasses.replace(result, record=record), sampler
         self.updates_done = self.trainer.updates
         self.blocked += record.blocked_seconds

@@ -45,6 +45,11 @@ class Telemetry:
         self.log.info("learner.evaluated", step=step, success_rate=evaluation["success_rate"],
                       mean_score=evaluation["mean_score"], tasks=evaluation["task_count"])
 
+    def failed(self, step: int, error: Exception, fix: str) -> None:
+        """A step that ends the learner (the supervisor restarts it with --resume)."""
+        self.log.error("learner.step_failed", step=step, reason=f"{type(error).__name__}: {error}",
+                       fix=f"{fix}, then rerun with --resume")
+
     def pushed(self, push: dict[str, Any]) -> None:
         """A weight push (a step's `PolicyUpdated` record)."""
         self.pushes.inc()
