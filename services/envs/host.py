@@ -27,6 +27,9 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, Iterator
 
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
 from coevolve.services.envs.base import Task
 from coevolve.services.envs.calls import Call, Rejected
 from coevolve.services.envs.tools import InvalidTask, LocalWorkspace
@@ -56,7 +59,7 @@ class ToolHost:
 
     def __init__(self, limit_s: float, memory_mb: int):  # bounds checked where they are set (EpisodeLimits)
         self.limit_s, self.memory_mb = limit_s, memory_mb
-        self.stopped = self.restarts = 0
+        self.stopped = self.restarts = self.lost = 0
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._logs: dict[int, _Log] = {}
@@ -96,6 +99,7 @@ class ToolHost:
                 return self._ask(("differences", ws, reference))
             except _HostEnded as exc:
                 self._lost[ws] = f"comparing its state {exc}"
+                self.lost += 1
                 self._logs.pop(ws, None)
                 raise WorkspaceLost(self._lost[ws]) from None
 
@@ -196,6 +200,7 @@ class ToolHost:
                 why = f"replaying its calls failed: {exc}"
             if why:
                 self._lost[ws] = why
+                self.lost += 1
                 self._logs.pop(ws)
                 log.warning("tool_host.workspace_lost", workspace=ws, reason=why)
             pending.pop(0)
@@ -251,6 +256,26 @@ def bounded_tool_calls(limits: Any = None) -> Iterator[ToolHost | None]:
 
 def installed() -> ToolHost | None:
     return _installed
+
+
+class _Counts(Collector):
+    """This process's tool host on a service's /metrics, read at each scrape (zero while none is installed)."""
+
+    COUNTS = (("tool_host_calls_stopped", "Tool calls stopped at their time limit (limits.call_limit_s); each had "
+                                          "no effect.", "stopped"),
+              ("tool_host_restarts", "Tool hosts started anew after a call past its limit or a host's death.",
+               "restarts"),
+              ("tool_host_workspaces_lost", "Open workspaces a new tool host could not rebuild (their episodes "
+                                            "ended).", "lost"))
+
+    def collect(self) -> Iterator[Metric]:
+        for name, text, attribute in self.COUNTS:
+            yield CounterMetricFamily(name, text, value=getattr(_installed, attribute) if _installed else 0)
+
+
+def register_tool_host(registry: CollectorRegistry) -> None:
+    """Expose the tool host's counts on `registry` (a service's)."""
+    registry.register(_Counts())
 
 
 def serve(recv: Connection, send: Connection) -> None:

@@ -20,7 +20,7 @@ from prometheus_client import Counter
 
 from coevolve.services.agent.config import SamplingConfig
 from coevolve.services.envs.catalog import TaskCatalog
-from coevolve.services.envs.host import bounded_tool_calls
+from coevolve.services.envs.host import bounded_tool_calls, register_tool_host
 from coevolve.services.explorer.config import ExplorerServiceConfig, ExplorerSettings
 from coevolve.services.explorer.exploring import Budget, Outcome, explore_plan, explore_static
 from coevolve.services.explorer.planning import Plan, SignalBuffer
@@ -37,6 +37,7 @@ class Explorer(Service):
 
     def __init__(self, settings: ExplorerSettings):
         super().__init__(settings.service, scope=bounded_tool_calls(settings.limits))
+        register_tool_host(self.registry)
         cfg, gen = settings.service, settings.generation
         self.cfg: ExplorerServiceConfig = cfg
         self.core, self.seeds, self.backend_cfg = settings.explorer, settings.seeds, settings.backend

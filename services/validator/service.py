@@ -24,7 +24,7 @@ from prometheus_client import Counter, Gauge
 
 from coevolve.services.agent.config import SamplingConfig
 from coevolve.services.envs.catalog import TaskCatalog
-from coevolve.services.envs.host import bounded_tool_calls
+from coevolve.services.envs.host import bounded_tool_calls, register_tool_host
 from coevolve.services.kafka.consumer import EventConsumer
 from coevolve.services.kafka.producer import EventProducer
 from coevolve.services.kafka.topics import EXPLORATIONS, TASKS
@@ -49,6 +49,7 @@ class Validator(Service):
 
     def __init__(self, settings: ValidatorSettings):
         super().__init__(settings.service, scope=bounded_tool_calls(settings.limits))
+        register_tool_host(self.registry)
         cfg, gen, backend_cfg = settings.service, settings.generation, settings.backend
         self.cfg: ValidatorServiceConfig = cfg
         self.core, self.backend_cfg = settings.validator, backend_cfg

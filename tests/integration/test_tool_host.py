@@ -38,7 +38,7 @@ def test_a_call_past_its_limit_fails_with_no_effect_and_every_open_episode_goes_
         result = stalled.step(STALL)
         assert time.monotonic() - started < 10
         assert "ran past its limit of 2 s" in _content(result) and "had no effect" in _content(result)
-        assert (host.restarts, host.stopped) == (1, 1)
+        assert (host.restarts, host.stopped, host.lost) == (1, 1, 0)
 
         assert _content(stalled.step("ls()")) == '{"current_directory_content": ["b"]}'
         assert _content(stalled.step("add(a=1, b=2)")) == '{"result": 3}'
@@ -73,6 +73,7 @@ def test_an_episode_whose_replay_differs_is_lost_and_ends_with_the_reason():
         kept.step(STALL)
 
         result = lost.step("ls()")
+        assert host.lost == 1
         assert lost.done and not lost.success
         assert "state was lost" in lost.terminated and "mkdir returned 'None'" in lost.terminated
         assert "Episode ended" in result.observations[-1]["content"]

@@ -24,7 +24,7 @@ from typing import Any
 
 from coevolve.services.agent.config import SamplingConfig
 from coevolve.services.agent.episodes import EpisodesStopped
-from coevolve.services.envs.host import bounded_tool_calls
+from coevolve.services.envs.host import bounded_tool_calls, register_tool_host
 from coevolve.services.fleet.backend import FleetBackend, FleetError, WeightTransferError
 from coevolve.services.kafka.producer import DeliveryError, EventProducer
 from coevolve.services.learner.config import LearnerConfig, LearnerSettings, rollout_backend
@@ -53,6 +53,7 @@ class Learner(Service):
 
     def __init__(self, settings: LearnerSettings, reward: Reward | None = None):
         super().__init__(settings.learner, scope=bounded_tool_calls(settings.limits))
+        register_tool_host(self.registry)
         if settings.backend.backend == "openai":
             raise ConfigError("the learner updates its rollout policy: use --backend vllm, transformers or "
                               "vllm-server (openai serves fixed weights)")
