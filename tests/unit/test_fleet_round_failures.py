@@ -73,10 +73,13 @@ def test_a_round_the_learner_breaks_releases_the_server_at_once(monkeypatch):
     with pytest.raises(ConnectionError) as raised:
         transfer.broadcast_round(group, Weights(), info(), NUMEL * 4, received=Future())
     broke = time.monotonic()
-    traceback.clear_frames(raised.value.__traceback__)  # as send_weights does; then the group must go
-    del raised, group, store
+    # As send_weights does: it clears the failure's frames and drops the group, then waits for the server
+    # to leave the round with the failure still in hand.
+    traceback.clear_frames(raised.value.__traceback__)
+    del group, store
     gc.collect()
     server.join(TIMEOUT_S)
+    assert raised.value.args == ("link lost",)
     assert isinstance(server.error, RuntimeError), server.error
     assert server.ended_at - broke < 10, "the server waited for gloo's timeout: the learner's group outlived it"
 
