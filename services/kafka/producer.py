@@ -38,11 +38,14 @@ class _Pending:
     future: object
 
 
+DELIVERY_TIMEOUT_S = 30.0  # how long a send may go unconfirmed (reconnects and retries included)
+
+
 class EventProducer:
     """Encode events with the schema registry and send them, tracking every delivery. A producer made for a
     `service` sends only to the topics of its row of `topics.WRITES` (operator tools and tests name none)."""
 
-    def __init__(self, bootstrap: str, client_id: str = "coevolve", delivery_timeout_s: float = 30.0,
+    def __init__(self, bootstrap: str, client_id: str = "coevolve", delivery_timeout_s: float = DELIVERY_TIMEOUT_S,
                  registry: SchemaRegistry | None = None, linger_ms: int = 5,
                  security: KafkaSecurity | None = None, service: str | None = None):
         self.bootstrap, self.service = bootstrap, service

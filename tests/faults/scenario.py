@@ -21,7 +21,7 @@ from pathlib import Path
 
 from coevolve.services.clickhouse.client import chdb_url, connect
 from coevolve.services.kafka.consumer import EventConsumer
-from coevolve.services.kafka.producer import EventProducer
+from coevolve.services.kafka.producer import DELIVERY_TIMEOUT_S, EventProducer
 from coevolve.services.kafka.topics import (CATALOG, EXPLORATIONS, SIGNALS, STEPS, TASKS, TRAJECTORIES,
                                              create_topics)
 from coevolve.services.learner.loop.checkpoint import latest_checkpoint
@@ -31,7 +31,6 @@ from tests.faults.sitecustomize import BACKLOG, OUTAGE_STEP
 FAULTS = ("validator", "explorer", "streams", "learner")  # each SIGKILLed once
 FAILED_STEPS = ("fleet", "outage")  # each ends the learner with a message, and the run resumes it
 OTHERS = FAILED_STEPS + ("backlog", "stall")
-DELIVERY_TIMEOUT_S = 30.0  # the learner's producer (EventProducer's default)
 # The dual pass with the stalled call: at least the tool host's limit (call_limit_s, 10 s), at most that
 # and a new host with its replays.
 STALL_S = (9.0, 60.0)
@@ -115,10 +114,9 @@ def _restarts(summary: dict, fired: list[str]) -> list[str]:
     problems = [f"unplanned restart: {r}" for r in restarts if r["cause"] != "exit"]
     killed = [r["service"] for r in restarts if r["cause"] == "exit" and r["exit_code"] == -9]
     failed = [r["service"] for r in restarts if r["cause"] == "exit" and r["exit_code"] != -9]
-    problems += [f"summary.json lists no restart of the killed {name}" for name in FAULTS
-                 if name in fired and name not in killed]
     if sorted(killed) != sorted(name for name in FAULTS if name in fired):
-        problems.append(f"SIGKILLed and restarted: {sorted(killed)}, expected one each of {list(FAULTS)}")
+        problems.append(f"summary.json lists restarts after a SIGKILL of {sorted(killed)}, expected one of each "
+                        f"killed service of {list(FAULTS)}")
     if failed != ["learner"] * sum(name in fired for name in FAILED_STEPS):
         problems.append(f"restarted after a failure: {failed}, expected the learner once for each of "
                         f"{list(FAILED_STEPS)}")
@@ -129,8 +127,9 @@ def _failed_steps(workdir: Path, summary: dict, log: dict, run_id: str) -> list[
     """The learner stopped with a message at the push to the killed server and at the publish the broker
     outage broke, and the run resumed past both on the fleet."""
     problems = [] if summary["rollout"] == "vllm-server" else [f"the learner rolled out on {summary['rollout']}"]
-    failed = sorted((e["step"], e["reason"].split(":")[0]) for e in _events(workdir / "logs" / "learner.log")
-                    if e.get("event") == "learner.step_failed")
+    lines = (workdir / "logs" / "learner.log").read_text(errors="replace").splitlines()
+    failed = sorted((e["step"], e["reason"].split(":")[0])
+                    for e in (json.loads(line) for line in lines if '"learner.step_failed"' in line))
     if failed != [(1, "WeightTransferError"), (OUTAGE_STEP, "DeliveryError")]:
         problems.append(f"the learner's failed steps (step, error): {failed}; expected step 1's push to the killed "
                         f"server and step {OUTAGE_STEP}'s publish in the outage")
@@ -142,17 +141,6 @@ def _failed_steps(workdir: Path, summary: dict, log: dict, run_id: str) -> list[
     if not pushed or any(e["servers"] < 1 for e in pushed):
         problems.append(f"policy updates taken by no server, or none published: {pushed}")
     return problems
-
-
-def _events(path: Path) -> list[dict]:
-    """The structured (JSON) lines of a service's log."""
-    events = []
-    for line in path.read_text(errors="replace").splitlines() if path.exists() else []:
-        try:
-            events.append(json.loads(line))
-        except ValueError:
-            pass  # a library's own output
-    return [e for e in events if isinstance(e, dict)]
 
 
 def _backlog(record: Path, log: dict, run_id: str) -> list[str]:

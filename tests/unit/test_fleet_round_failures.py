@@ -15,6 +15,7 @@ from coevolve.services.runtime.ports import free_port
 TIMEOUT_S = 60.0  # gloo's own wait for a peer; every bound below is far under it
 NUMEL = 4 * 1024 * 1024  # 16 MiB a chunk: more than a socket buffer holds, so a send waits for its reader
 CHUNKS = 4
+RECEIVE = transfer._broadcast  # the real one, for the server's side when a test patches the learner's
 
 
 def info() -> transfer.GlooUpdateInfo:
@@ -52,9 +53,6 @@ class Server(threading.Thread):
         finally:
             self.ended_at = time.monotonic()
             del group, store
-
-
-RECEIVE = transfer._broadcast  # the real one, for the server's side when a test patches the learner's
 
 
 def test_a_round_the_learner_breaks_releases_the_server_at_once(monkeypatch):
