@@ -17,7 +17,8 @@ version, resets its prefix cache and resumes it. A server whose gloo transfer fa
 weights and version, and its completions say so; it is retried at the next update. One whose nccl
 transfer fails may hold layers of two versions (vLLM loads each as it arrives): it is marked down, and
 the next update, which revives it, replaces every layer. One that dies inside a round fails it at once
-(its transfer call breaks; gloo alone would wait out its timeout) and is marked down.
+(its transfer call breaks; gloo alone would wait out its timeout) and is marked down, whichever of the
+two notices first: after any failed round the server's /health is asked.
 """
 from __future__ import annotations
 
@@ -163,6 +164,13 @@ class FleetBackend:
         if response.status_code != 200:
             raise FleetError(f"vLLM server {server.url} answers /{path} with HTTP {response.status_code}; {_HINT}")
         return response
+
+    def _answers(self, server: _Server) -> bool:
+        try:
+            self._get(server, "health")
+        except FleetError:
+            return False
+        return True
 
     def _version(self, server: _Server) -> int:
         """The version the server reports holding (`/weight_info`); FleetError when it does not answer."""
@@ -347,6 +355,9 @@ class FleetBackend:
                     errors.append(f"{server.url}: {type(exc).__name__}: {exc}")
                     if isinstance(exc, httpx.TransportError):
                         self._mark_down(server, f"{type(exc).__name__}: {exc}")
+                    elif not self._answers(server):  # gloo may notice the dead peer before its transfer call does
+                        self._mark_down(server, f"it stopped answering in the transfer of version {new_version} "
+                                        f"({type(exc).__name__}: {exc})")
                     elif self.fleet.weight_transfer not in OLD_WEIGHTS_KEPT:  # its layers may be of two versions
                         self._mark_down(server, f"a transfer of version {new_version} broke half-way on "
                                         f"{self.fleet.weight_transfer} ({type(exc).__name__}: {exc}); it serves "

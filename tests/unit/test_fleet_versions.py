@@ -21,6 +21,7 @@ def fleet(engine: str) -> FleetBackend:
     backend.stats = BackendStats(extra={"servers": 2.0, "servers_down": 0.0, "servers_behind": 0.0})
     backend._cond, backend._updating, backend._generating = threading.Condition(), False, 0
     backend._revive = lambda: None
+    backend.http = Http({"http://a": "3", "http://b": "3"})
 
     def push(server, source, version):
         if server.url == "http://b":
@@ -41,6 +42,15 @@ def test_a_half_way_transfer_takes_the_server_out_only_where_its_layers_may_be_m
     if not b_up:
         assert "broke half-way on nccl" in b.error and "after a complete update" in b.error
         assert backend.stats.extra["servers_down"] == 1.0
+
+
+def test_a_server_that_died_in_the_round_is_down_even_when_gloo_noticed_before_its_transfer_call():
+    backend = fleet("gloo")
+    backend.http.versions["http://b"] = None  # b's process is gone; its broadcast broke first
+    pushed = backend.update_weights([("w", torch.ones(2))])
+    b = backend.servers[1]
+    assert pushed.servers == 1 and b.up is False and b.version == 3
+    assert "stopped answering in the transfer of version 4" in b.error and "peer closed" in b.error
 
 
 class Reply:
