@@ -78,15 +78,18 @@ def _group(address: str, port: int, rank: int, world_size: int, timeout_s: float
 
 
 def _background(fn: Any, *args: Any) -> Future:
-    """Run `fn` in a daemon thread (one left blocked by a broken peer does not hold up the exit). The
-    arguments are the thread's, not the closure's: a failure's traceback keeps its frames' functions, and
-    a group held that way would never be destroyed, leaving the server blocked in its round."""
+    """Run `fn` in a daemon thread (one left blocked by a broken peer does not hold up the exit). A failure's
+    traceback keeps its frames, and the frames their locals and functions, for as long as the failure lives;
+    a group held that way would never be destroyed, leaving the server blocked in its round. So the
+    arguments are the thread's, not the closure's, and are dropped before the failure is handed over:
+    this frame may still be running when the caller clears the traceback's frames."""
     future: Future = Future()
 
     def run(*arguments: Any) -> None:
         try:
             future.set_result(fn(*arguments))
         except BaseException as exc:
+            del arguments
             future.set_exception(exc)
 
     threading.Thread(target=run, args=args, name="gloo-transfer", daemon=True).start()

@@ -55,7 +55,18 @@ class Server(threading.Thread):
             del group, store
 
 
-def test_a_round_the_learner_breaks_releases_the_server_at_once(monkeypatch):
+class SlowToLeave(Future):
+    """A future whose thread is still inside its function for a while after the failure is handed over."""
+
+    def set_exception(self, exception):
+        super().set_exception(exception)
+        time.sleep(3)
+
+
+@pytest.mark.parametrize("thread_leaves", ["at once", "after the learner cleaned up"])
+def test_a_round_the_learner_breaks_releases_the_server_at_once(monkeypatch, thread_leaves):
+    if thread_leaves != "at once":  # the learner clears the failure's frames while the thread's is still running
+        monkeypatch.setattr(transfer, "Future", SlowToLeave)
     port = free_port()
     server = Server(port)
     store, group = transfer._group("127.0.0.1", port, 0, 2, TIMEOUT_S, is_master=True)
