@@ -6,6 +6,7 @@ import os
 import subprocess
 
 import croniter  # noqa: F401  (see below)
+import matplotlib.font_manager  # noqa: F401  (see below)
 import pytest
 
 from coevolve.services.kafka.embedded import EmbeddedBroker
@@ -13,6 +14,8 @@ from coevolve.services.kafka.embedded import EmbeddedBroker
 
 # croniter (under Faust) runs `file` through `platform.architecture()` when first imported: imported
 # above, before the guard, so whichever unit test imports Faust first is not blamed for that process.
+# matplotlib's font manager runs `fc-list` when it first builds its font cache (a fresh machine, or a
+# fresh HOME): built here, so the first unit test that draws a plot is not blamed for it either.
 
 
 class StartsAProcess(AssertionError):
