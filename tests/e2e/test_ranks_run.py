@@ -55,7 +55,8 @@ def test_smoke_on_two_ranks_interrupted_and_resumed_publishes_every_step_once(tm
     trajectories = Counter(e["event_id"] for e in raw["TrajectoryRecorded"])
     assert set(trajectories.values()) == {1}  # each published once, by rank 0
     per_step = Counter(t["step"] for t in found["TrajectoryRecorded"])
-    assert per_step == {s: 2 * 4 for s in range(1, STEPS + 1)}  # the preset's B x K
+    # the preset's B x K, and K more for each flat group dynamic sampling replaced
+    assert per_step == {e["step"]: 4 * (2 + e["resampled_groups"]) for e in found["StepCompleted"]}
     trained = trained_steps(found)
     assert trained == list(range(1, STEPS + 1)), summary["updates_silent"]  # two-rank updates, every step
     assert len(found.get("PolicyUpdated", [])) == len(trained) == summary["weight_updates"]["count"]

@@ -65,7 +65,9 @@ def test_every_step_completes_once_and_the_summary_counts_what_the_broker_holds(
     trajectories = smoke.events["TrajectoryRecorded"]
     assert len(trajectories) == smoke.summary["trajectories"] == sum(
         e["trajectory_count"] for e in smoke.events["StepCompleted"])
-    assert Counter(t["step"] for t in trajectories) == {1: 8, 2: 8, 3: 8}  # B = 2 tasks x K = 4 rollouts
+    # B = 2 tasks x K = 4 rollouts, and K more for each group dynamic sampling drew to replace a flat one
+    assert Counter(t["step"] for t in trajectories) == {
+        e["step"]: 4 * (2 + e["resampled_groups"]) for e in smoke.events["StepCompleted"]}
     assert all(t["group_size"] == 4 for t in trajectories)
     for step in smoke.events["StepCompleted"]:
         assert f"step {step['step']}/3" in smoke.stdout
@@ -73,8 +75,9 @@ def test_every_step_completes_once_and_the_summary_counts_what_the_broker_holds(
 
 @pytest.mark.timeout(900)
 def test_every_step_trains(smoke):
-    # The smoke preset's warmed policy and shaped reward make groups that score unlike in every step, so
-    # the assertions on updates, pushes and versions below check real updates.
+    # The smoke preset's warmed policy and shaped reward make groups that score unlike, and its dynamic
+    # sampling redraws the flat ones, so every step trains and the assertions on updates, pushes and
+    # versions below check real updates.
     assert trained_steps(smoke.events) == [1, 2, 3], smoke.summary["updates_silent"]
     assert smoke.summary["updates_silent"] is None
 
