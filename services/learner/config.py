@@ -212,7 +212,8 @@ class LearnerConfig(ServiceConfig):
                                      "after its tasks were trained on (summary.json's repair).")
     checkpoint_every: int = doc(1, "Checkpoint every this many steps (and always at the end or on stop).")
     keep_checkpoints: int = doc(2, "Checkpoints kept in workdir (older ones are deleted); 0 keeps all.")
-    dynamic_sampling: bool = doc(False, "Replace groups whose K rewards are all equal with new draws (DAPO).")
+    dynamic_sampling: bool = doc(False, "Replace groups whose K rewards are all equal with draws of tasks the step has "
+                                 "not rolled out (DAPO).")
     max_resample: int = doc(2, "Dynamic sampling: rounds of redraws per step at most.")
     in_flight: int = doc(64, "Episodes run at once; their generations are batched.")
     max_new_tokens: int = doc(256, "New tokens per generation of a rollout or an evaluation episode.")

@@ -1,5 +1,6 @@
 """One GRPO step's assembly on real BFCL episodes, with a scripted backend and a recording engine."""
 import itertools
+from collections import Counter
 
 import pytest
 
@@ -40,10 +41,10 @@ def says_yes(episode) -> float:
     return float(any("yes" in m["content"] for m in episode.messages if m["role"] == "assistant"))
 
 
-def runner(tokenizer, answers, **cfg):
+def runner(tokenizer, answers, tasks=3, **cfg):
     answers = itertools.cycle(answers)
     backend = ScriptedBackend(tokenizer, lambda request: next(answers))
-    pool = TaskPool(load_tasks(split="train")[:3], SamplerConfig(), rng_seed=1)
+    pool = TaskPool(load_tasks(split="train")[:tasks], SamplerConfig(), rng_seed=1)
     engine = RecordingEngine()
     learner = LearnerConfig(**{"batch_tasks": 2, "group_size": 3, **cfg})
     return StepRunner(learner, GRPOConfig(), pool, backend, engine, SAMPLING, LIMITS, "run-t", says_yes), engine
@@ -115,15 +116,27 @@ def test_equal_rewards_everywhere_skip_the_update(tokenizer):
     assert result.record.training_seconds == result.record.push_seconds == 0.0
 
 
-def test_dynamic_sampling_replaces_flat_groups_and_publishes_every_rollout(tokenizer):
+def test_dynamic_sampling_replaces_flat_groups_with_other_tasks_and_publishes_every_rollout(tokenizer):
     # the first 6 rollouts (2 groups) all say no; later rounds mix yes and no
-    steps, engine = runner(tokenizer, ["no"] * 6 + ["yes", "no", "no"] * 10, dynamic_sampling=True, max_resample=2)
+    steps, engine = runner(tokenizer, ["no"] * 6 + ["yes", "no", "no"] * 10, tasks=6, dynamic_sampling=True,
+                           max_resample=2)
     result = steps.run(1)
     rec = result.record
     assert rec.resampled_groups == 2 and rec.zero_variance_groups == 2
     assert rec.trajectory_count == len(result.trajectories) == 12
+    per_task = Counter(t["task_id"] for t in result.trajectories)
+    assert len(per_task) == 4 and set(per_task.values()) == {3}  # one group per task and step
     (batch,) = engine.batches
     assert len(batch) == 6 and sum(s.advantage > 0 for s in batch) == 2
+
+
+def test_redraws_end_when_the_step_has_rolled_out_every_task_of_the_pool(tokenizer):
+    steps, engine = runner(tokenizer, ["no"], tasks=3, dynamic_sampling=True, max_resample=5)
+    result = steps.run(1)
+    per_task = Counter(t["task_id"] for t in result.trajectories)
+    assert len(per_task) == 3 and set(per_task.values()) == {3}
+    assert result.record.resampled_groups == 1 and result.record.zero_variance_groups == 3
+    assert not result.trained and engine.batches == []
 
 
 def test_a_task_drawn_twice_keeps_distinct_rollout_indices(tokenizer):

@@ -14,7 +14,9 @@ synthesized tasks with that probability (when there are any). `recency_half_life
 synthesized task's weight every so many steps after it joined. With `fresh_first`, synthesized tasks never
 drawn take the first slots of a batch (oldest first) and the mixing fills the rest, so a task the loop
 made for a weakness is trained on at the next step. Seed tasks are the fixed training split: verdicts
-never remove them. A batch holds distinct tasks while the pool has enough of them.
+never remove them. A batch holds distinct tasks while the pool has enough of them. A step's redraws
+(dynamic sampling) leave out the tasks the step already rolled out (`draw(n, exclude)`): the signal
+processors take one group of K rollouts per task and step, and a second one would come late.
 
 Unloadable tasks. A validated task whose episode cannot start (BFCL's `InvalidTask`: an unknown tool
 class, an initial state its backend cannot load, no turns) would end the learner at `env.reset` in
@@ -189,45 +191,55 @@ class TaskPool:
             return 1.0
         return 0.5 ** ((self.step - self.synthesized[task_id][1]) / half_life)
 
-    def sample(self, n: int) -> list[Drawn]:
-        """Draw `n` tasks for the current step: the fresh ones first (`fresh_first`), then by the mixing."""
+    def sample(self, n: int, exclude: frozenset[str] = frozenset()) -> list[Drawn]:
+        """Draw `n` tasks for the current step: the fresh ones first (`fresh_first`), then by the mixing.
+        Tasks in `exclude` are not drawn, nor any twice; then fewer than `n` may come back."""
         if not self.seed_tasks and not self.synthesized:
             raise RuntimeError("the task pool is empty: give seed categories with train tasks, or wait for "
                                "validated tasks")
-        fresh = self._fresh(n) if self.config.fresh_first else []
+        fresh = self._fresh(n, exclude) if self.config.fresh_first else []
         taken = {d.task.task_id for d in fresh}
         self.drawn |= taken
         if len(fresh) == n:
             return fresh
-        rest = self._mix(n - len(fresh), taken) or self._mix(n - len(fresh), set())
+        if exclude:
+            rest = self._mix(n - len(fresh), taken | exclude, again=False)
+        else:
+            rest = self._mix(n - len(fresh), taken) or self._mix(n - len(fresh), set())
         self.drawn |= {d.task.task_id for d in rest if d.source == "synthesized"}
         return fresh + rest
 
-    def _fresh(self, n: int) -> list[Drawn]:
+    def _fresh(self, n: int, exclude: frozenset[str] = frozenset()) -> list[Drawn]:
         """Up to `n` synthesized tasks never drawn, oldest first (by the step they joined, then id)."""
-        never = sorted((joined, k) for k, (_, joined) in self.synthesized.items() if k not in self.drawn)
+        never = sorted((joined, k) for k, (_, joined) in self.synthesized.items()
+                       if k not in self.drawn and k not in exclude)
         return [Drawn(self.synthesized[k][0], "synthesized") for _, k in never[:n]]
 
-    def _mix(self, n: int, exclude: set[str]) -> list[Drawn]:
-        """`n` tasks by the configured mixing, from the pool less `exclude`."""
+    def _mix(self, n: int, exclude: set[str] | frozenset[str], again: bool = True) -> list[Drawn]:
+        """`n` tasks by the configured mixing, from the pool less `exclude`; distinct, and with `again`
+        drawn again once the pool has no more."""
         seed = [Drawn(self.seed_tasks[k], "seed") for k in sorted(self.seed_tasks) if k not in exclude]
         synth = [Drawn(self.synthesized[k][0], "synthesized") for k in sorted(self.synthesized) if k not in exclude]
         synth_w = [self.weight(d.task.task_id) for d in synth]
         share = self.config.synthetic_share
         if share < 0 or not synth or not seed:
-            return _weighted(self.rng, seed + synth, [1.0] * len(seed) + synth_w, n)
+            return _weighted(self.rng, seed + synth, [1.0] * len(seed) + synth_w, n, again)
         from_synth = sum(self.rng.random() < share for _ in range(n))
-        drawn = _weighted(self.rng, synth, synth_w, from_synth) + _weighted(self.rng, seed, [1.0] * len(seed),
-                                                                            n - from_synth)
+        drawn = (_weighted(self.rng, synth, synth_w, from_synth, again)
+                 + _weighted(self.rng, seed, [1.0] * len(seed), n - from_synth, again))
         self.rng.shuffle(drawn)
         return drawn
 
-    def draw(self, n: int) -> list[Drawn]:
-        """`sample(n)` of tasks whose episodes can start: one that cannot is dropped from the pool (see
-        `take_unloadable`) and replaced by a new draw. Each task is checked once, when first drawn."""
+    def draw(self, n: int, exclude: frozenset[str] = frozenset()) -> list[Drawn]:
+        """`sample(n, exclude)` of tasks whose episodes can start: one that cannot is dropped from the pool
+        (see `take_unloadable`) and replaced by a new draw. Each task is checked once, when first drawn.
+        With `exclude`, no task is drawn twice and fewer than `n` come back once the pool runs out."""
         drawn: list[Drawn] = []
         while len(drawn) < n:
-            fresh = self.sample(n - len(drawn))
+            left_out = (exclude | {d.task.task_id for d in drawn}) if exclude else exclude
+            fresh = self.sample(n - len(drawn), left_out)
+            if not fresh:
+                break
             for d in fresh:
                 task_id = d.task.task_id
                 if task_id not in self.loadable and task_id in {*self.seed_tasks, *self.synthesized}:
@@ -267,11 +279,14 @@ class TaskPool:
             self.synthesized[task.task_id] = (task, int(entry["joined"]))
 
 
-def _weighted(rng: random.Random, items: list[Drawn], weights: list[float], n: int) -> list[Drawn]:
-    """`n` items by weight, distinct while there are enough (Efraimidis-Spirakis keys), then again."""
+def _weighted(rng: random.Random, items: list[Drawn], weights: list[float], n: int,
+              again: bool = True) -> list[Drawn]:
+    """`n` items by weight, distinct while there are enough (Efraimidis-Spirakis keys), then (`again`) anew."""
     out: list[Drawn] = []
     while len(out) < n and items:
         keys = sorted(range(len(items)), key=lambda i: rng.random() ** (1.0 / max(weights[i], 1e-12)),
                       reverse=True)
         out += [items[i] for i in keys[:n - len(out)]]
+        if not again:
+            break
     return out

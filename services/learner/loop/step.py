@@ -4,7 +4,7 @@ and the records the service publishes.
     drawn    = pool.draw(B)                                    # sample: the pool changed only before this step
     episodes = run_episodes(K copies of each task, backend)    # roll out: batched multi-turn rollouts
     rewards  = success (binary) or fraction of turns passed (partial)               # score
-    dynamic sampling: groups with equal rewards are replaced by new draws, up to max_resample rounds
+    dynamic sampling: groups with equal rewards are replaced by draws of other tasks, up to max_resample rounds
     A_i      = (r_i - mean_group) / (std_group + eps)          # advantages: grpo.group_advantages
     batch    = one TrainSequence per rollout, with its A_i     # sequences
     trainer.update(batch)                                      # update: clipped ratio against rollout log-probs
@@ -175,8 +175,10 @@ class StepRunner:
             missing = self.cfg.batch_tasks - len(kept)
             if missing <= 0:
                 break
-            with self.pool.guard:
-                redrawn = self.pool.draw(missing)
+            with self.pool.guard:  # one group per task and step: the signal processors' attempt
+                redrawn = self.pool.draw(missing, exclude=frozenset(g.drawn.task.task_id for g in groups))
+            if not redrawn:  # every task of the pool was rolled out in this step
+                break
             fresh = self.roll_out(redrawn, times)
             resampled += len(fresh)
             groups += fresh
