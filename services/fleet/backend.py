@@ -5,10 +5,13 @@ Requests go to `/v1/completions` with the prompt as token ids and come back with
 (`return_token_ids`) and each one's log-probability (the servers run with processed log-probs, i.e. of
 the tempered distribution). They are spread over the live servers, fewest in flight first, and each
 completion carries the version its server reports (`/weight_info`, read before each batch), so a server
-restarted behind the learner's back counts as behind instead of under the newest label. A server
-that stops answering (refused or reset connection, 5xx) is marked down and its requests re-run on
-another; with none left, `generate` raises `FleetError`. A request a server refuses for its own reason
-(4xx) fails alone.
+restarted behind the learner's back counts as behind instead of under the newest label. A request
+that fails on a server (refused or reset connection, 5xx) is sent again while the server still answers
+/health, `REQUEST_RETRIES` times at most: a keep-alive connection the server closes as a request goes
+out fails so ("Server disconnected without sending a response"). A server that does not answer, or
+fails past the retries, is marked down and its requests re-run on another; with none left, `generate`
+raises `FleetError`. A request a server refuses for its own reason (4xx) fails alone. Idle connections
+are dropped after `KEEPALIVE_S`, before the servers' own keep-alive (uvicorn's 5 s in vLLM) closes them.
 
 An update waits for the requests in flight, holds new ones, and per server pauses it, broadcasts the
 weights over a transfer group of its own (`weight_transfer`: this package's gloo engine on CPU, vLLM's
@@ -42,6 +45,8 @@ from coevolve.services.runtime.ports import free_port
 # package's gloo engine loads only at the round's end. vLLM's nccl engine loads each layer as it arrives,
 # so a server it leaves half-way is taken out (marked down) until an update lands in full.
 OLD_WEIGHTS_KEPT = ("gloo",)
+REQUEST_RETRIES = 2  # times a request is sent again to a server that failed it but answers /health
+KEEPALIVE_S = 2.0  # an idle connection is not reused after this (vLLM's servers close theirs at 5 s)
 _HINT = ("start it with VLLM_SERVER_DEV_MODE=1 and --weight-transfer-config '{\"backend\": \"gloo\"}' "
          "(fleet.servers.LocalServers does)")
 
@@ -135,7 +140,8 @@ class FleetBackend:
         self.dtype = resolve_dtype(config.dtype)
         self.per_server = fleet.requests_per_server
         self.http = httpx.Client(timeout=fleet.server_timeout_s,
-                                 limits=httpx.Limits(max_connections=self.per_server * len(urls) + 2 * len(urls)))
+                                 limits=httpx.Limits(max_connections=self.per_server * len(urls) + 2 * len(urls),
+                                                     keepalive_expiry=KEEPALIVE_S))
         self.servers = [_Server(url.rstrip("/"), i) for i, url in enumerate(urls)]
         for server in self.servers:
             server.version = self._check(server)
@@ -262,6 +268,7 @@ class FleetBackend:
         if refused is not None:
             return refused
         payload = self._payload(request, sampling, ids)
+        retries = 0
         while True:
             server = self._acquire()
             if server is None:
@@ -269,6 +276,9 @@ class FleetBackend:
             try:
                 return self._post(server, payload, len(ids))
             except _ServerDown as exc:
+                if retries < REQUEST_RETRIES and self._answers(server):
+                    retries += 1
+                    continue
                 self._mark_down(server, str(exc))
             finally:
                 self._release(server)
