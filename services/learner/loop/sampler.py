@@ -193,7 +193,7 @@ class TaskPool:
 
     def sample(self, n: int, exclude: frozenset[str] = frozenset()) -> list[Drawn]:
         """Draw `n` tasks for the current step: the fresh ones first (`fresh_first`), then by the mixing.
-        Tasks in `exclude` are not drawn, nor any twice; then fewer than `n` may come back."""
+        With `exclude`, those tasks are left out and none is drawn twice, so fewer than `n` may come back."""
         if not self.seed_tasks and not self.synthesized:
             raise RuntimeError("the task pool is empty: give seed categories with train tasks, or wait for "
                                "validated tasks")
