@@ -197,7 +197,7 @@ class TaskPool:
         if not self.seed_tasks and not self.synthesized:
             raise RuntimeError("the task pool is empty: give seed categories with train tasks, or wait for "
                                "validated tasks")
-        fresh = self._fresh(n, exclude) if self.config.fresh_first else []
+        fresh = self._fresh(n) if self.config.fresh_first else []
         taken = {d.task.task_id for d in fresh}
         self.drawn |= taken
         if len(fresh) == n:
@@ -209,10 +209,10 @@ class TaskPool:
         self.drawn |= {d.task.task_id for d in rest if d.source == "synthesized"}
         return fresh + rest
 
-    def _fresh(self, n: int, exclude: frozenset[str] = frozenset()) -> list[Drawn]:
-        """Up to `n` synthesized tasks never drawn, oldest first (by the step they joined, then id)."""
-        never = sorted((joined, k) for k, (_, joined) in self.synthesized.items()
-                       if k not in self.drawn and k not in exclude)
+    def _fresh(self, n: int) -> list[Drawn]:
+        """Up to `n` synthesized tasks never drawn, oldest first (by the step they joined, then id); a task
+        a step rolled out was drawn, so a redraw's `exclude` holds none of them."""
+        never = sorted((joined, k) for k, (_, joined) in self.synthesized.items() if k not in self.drawn)
         return [Drawn(self.synthesized[k][0], "synthesized") for _, k in never[:n]]
 
     def _mix(self, n: int, exclude: set[str] | frozenset[str], again: bool = True) -> list[Drawn]:
