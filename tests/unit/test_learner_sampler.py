@@ -61,7 +61,6 @@ def test_a_batch_holds_distinct_tasks_while_the_pool_has_enough():
     assert len(p.sample(9)) == 9
 
 
-
 @pytest.mark.parametrize("share", [-1.0, 0.5])
 def test_a_redraw_leaves_out_the_tasks_named_and_never_draws_one_twice(share):
     p = pool(synthetic_share=share, fresh_first=True)
@@ -75,6 +74,7 @@ def test_a_redraw_leaves_out_the_tasks_named_and_never_draws_one_twice(share):
     rest = everything - {SEEDS[0].task_id}
     assert [d.task.task_id for d in p.draw(3, exclude=rest)] == [SEEDS[0].task_id]  # one left: one comes back
     assert p.draw(2, exclude=everything) == []
+
 
 def _shares(p: TaskPool, draws: int = 400) -> float:
     sources = Counter(d.source for _ in range(draws) for d in p.sample(2))
