@@ -43,9 +43,10 @@ class Task:
         return bool(self.reference)
 
     def to_record(self) -> dict[str, Any]:
-        """The task's fields in the `TaskChecked` event's shape."""
+        """The task's fields in the `TaskChecked` event's shape. The state keeps its key order: BFCL's
+        file system takes the first key of `root` as its root directory, so sorted keys are another task."""
         return {"task_id": self.task_id, "env": self.env, "instruction_turns": list(self.turns),
-                "initial_state": json.dumps(self.initial_state, sort_keys=True),
+                "initial_state": json.dumps(self.initial_state),
                 "involved_classes": list(self.involved_classes),
                 "reference_solution": [list(turn) for turn in self.reference]}
 

@@ -95,7 +95,7 @@ def describe(env: str, task_id: str) -> str:
         lines.append("  reference:" + ("" if reference else " (no calls)"))
         lines.extend(f"    {call}" for call in reference)
     lines.append("initial state:")
-    lines.extend("  " + row for row in json.dumps(task.initial_state, indent=2, sort_keys=True).splitlines())
+    lines.extend("  " + row for row in json.dumps(task.initial_state, indent=2).splitlines())
     return "\n".join(lines)
 
 

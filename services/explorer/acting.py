@@ -167,7 +167,7 @@ def _messages(run: _Run) -> list[dict[str, str]]:
     listing = bfcl_data.tool_listing(sorted(run.tools, key=lambda t: t["function"]["name"] not in run.start.focus),
                                      run.tool_docs)
     lines = ["The user's request in this environment:", *(f"  {turn}" for turn in task.turns),
-             "Initial state: " + clip(json.dumps(task.initial_state, sort_keys=True), _STATE_CHARS), ""]
+             "Initial state: " + clip(json.dumps(task.initial_state), _STATE_CHARS), ""]
     lines += list(run.start.guidance) + ([""] if run.start.guidance else [])
     if run.calls:
         lines.append("Calls so far, and what each returned:")

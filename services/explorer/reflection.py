@@ -101,7 +101,7 @@ def _task_lines(task: Task) -> list[str]:
     lines = [f"Task {task.task_id}. Tool classes: {', '.join(task.involved_classes)}.",
              f"Tools: {', '.join(tools)}.", "User turns:"]
     lines.extend(f"  {i + 1}. {turn}" for i, turn in enumerate(task.turns))
-    lines.append("Initial state: " + clip(json.dumps(task.initial_state, sort_keys=True), _STATE_CHARS))
+    lines.append("Initial state: " + clip(json.dumps(task.initial_state), _STATE_CHARS))
     return lines
 
 

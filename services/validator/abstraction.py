@@ -142,7 +142,7 @@ def abstraction_messages(explorations: Sequence[Mapping[str, Any]], seed: Task,
     calls = successful_calls(explorations)[:_MAX_CALLS_SHOWN]
     lines = [f"Seed task {seed.task_id}. Tool classes: {', '.join(seed.involved_classes)}.", "Its user turns:"]
     lines.extend(f"  {i + 1}. {turn}" for i, turn in enumerate(seed.turns))
-    lines.append("Its initial state: " + clip(json.dumps(seed.initial_state, sort_keys=True), _STATE_CHARS))
+    lines.append("Its initial state: " + clip(json.dumps(seed.initial_state), _STATE_CHARS))
     lines.extend(f"Exploration context: {c}" for c in contexts)
     lines.append("Explored calls that succeeded, from the initial state:")
     lines.extend(f"  {call} -> {clip(obs, _OBSERVATION_CHARS)}" for call, obs in calls)

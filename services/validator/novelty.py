@@ -27,11 +27,12 @@ def _normal_call(source: str) -> str:
 
 
 def behaviour_key(task: Task) -> str:
-    """The task's classes, their initial state and its normalized reference, as one string."""
+    """The task's classes, their initial state and its normalized reference, as one string. The state keeps
+    its key order, which BFCL's loaders read (the file system's root is the first key)."""
     classes = sorted(task.involved_classes)
     state = {c: task.initial_state.get(c) for c in classes}
     reference = [[_normal_call(c) for c in turn] for turn in task.reference]
-    return json.dumps([classes, state, reference], sort_keys=True, default=str)
+    return json.dumps([classes, state, reference], default=str)
 
 
 def instructions(task: Task) -> str:
