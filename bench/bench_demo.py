@@ -25,6 +25,7 @@ from pathlib import Path
 
 from bench.common import machine
 from coevolve.services.agent.config import default_home
+from coevolve.services.run.shape import shape_line
 
 
 def used_mib() -> int:
@@ -55,7 +56,7 @@ def run_once(workdir: Path) -> dict:
         doc = json.loads(summary.read_text())
         out |= {k: doc.get(k) for k in ("state", "tasks_validated", "synthesized_trained", "first_synthesized_step",
                                         "loop_silent", "wall_seconds", "signals", "explorations", "origin",
-                                        "targeting", "dead_letters")}
+                                        "targeting", "dead_letters", "task_shape", "repair")}
     return out
 
 
@@ -93,6 +94,8 @@ def main() -> None:
               f"rollouts trained on {result.get('synthesized_trained')} (first at step "
               f"{result.get('first_synthesized_step')}), wall {result.get('wall_seconds')}", flush=True)
         print(f"  origin: {_origin(result)}", flush=True)
+        if result.get("task_shape"):
+            print(f"  {shape_line(result['task_shape'])}", flush=True)
         if result.get("loop_silent"):
             print(f"  loop_silent: {result['loop_silent']}")
         if result["exit_code"]:

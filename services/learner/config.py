@@ -207,9 +207,12 @@ class LearnerConfig(ServiceConfig):
     eval_every: int = doc(0, "Evaluate greedily every this many steps and after the last; 0 never.")
     eval_split: str = doc("test", "Split evaluated: test (held out), train or all.")
     eval_tasks: int = doc(0, "Tasks of the split evaluated; 0 evaluates all.")
-    eval_subjects: bool = doc(False, "Each evaluation also runs, greedily, the subjects of the signals that led to "
-                                     "a task in the pool (split `subjects`): whether a weakness was repaired "
-                                     "after its tasks were trained on (summary.json's repair).")
+    eval_subjects: bool = doc(False, "Each evaluation also runs, greedily, every seed task of the pool and the "
+                                     "synthesized tasks whose signals led to another (split `subjects`): a weakness's "
+                                     "subject scored before and after its tasks were trained on (summary.json's "
+                                     "repair).")
+    eval_at_start: bool = doc(False, "Evaluate the starting policy before step 1 as well, as step 0 (the zero-shot "
+                                     "point of the held-out curve, and the `before` of repair).")
     checkpoint_every: int = doc(1, "Checkpoint every this many steps (and always at the end or on stop).")
     keep_checkpoints: int = doc(2, "Checkpoints kept in workdir (older ones are deleted); 0 keeps all.")
     dynamic_sampling: bool = doc(False, "Replace groups whose K rewards are all equal with draws of tasks the step has "

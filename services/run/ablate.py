@@ -151,6 +151,8 @@ def mechanism(runs: list[dict]) -> dict[str, Any]:
             pooled["tasks"] += t["tasks"]
             pooled["targeted"] += t["targeted"]
         for group, r in run["repair"].items():
+            if group not in ("explored", "not_explored"):
+                continue
             pooled = repair.setdefault(group, {"measured": 0, "change_sum": 0.0})
             pooled["measured"] += r["measured"]
             pooled["change_sum"] += (r["change"] or 0.0) * r["measured"]
@@ -247,8 +249,8 @@ def mechanism_table(doc: dict[str, Any]) -> list[str]:
     subjects (summed over seeds; docs/run.md, "summary.json")."""
     lines = ["Mechanism (over all seeds): validated and trained-on tasks by strategy; targeting = tasks whose "
              "reference uses a tool of a signal's evidence (for unguided strategies: of any signal raised "
-             "before; the base rate); repair = mean change of a subject's score from its signal to its later "
-             "draws.", "", "| arm | validated | trained on | targeting | repair: explored | repair: not explored |",
+             "before; the base rate); repair = mean change of a signal's subject's greedy score from step 0 to "
+             "the last evaluation (explored: a task made from its signal was trained on).", "", "| arm | validated | trained on | targeting | repair: explored | repair: not explored |",
              "|---|---|---|---|---|---|"]
     for arm in doc["arms"]:
         targeting = ", ".join(f"{k} {t['targeted']}/{t['tasks']}" for k, t in sorted(arm["targeting"].items())) or "n/a"

@@ -5,6 +5,7 @@ import signal
 import time
 from pathlib import Path
 
+from coevolve.services.envs import bfcl_data
 from coevolve.services.kafka.consumer import EventConsumer
 from coevolve.services.kafka.embedded import broker_for
 from coevolve.services.kafka.topics import CATALOG
@@ -12,6 +13,7 @@ from coevolve.services.learner.config import rollout_backend
 from coevolve.services.run import loop, summary as summaries
 from coevolve.services.run.children import ChildFailed
 from coevolve.services.run.plan import Plan
+from coevolve.services.run.shape import shape_line
 from coevolve.services.run.tally import Tally
 from coevolve.services.runtime import log as logs
 
@@ -117,9 +119,12 @@ def run_loop(plan: Plan, workdir: Path, bootstrap: str | None = None, resume: bo
             "broker": bootstrap or "embedded (memory only: a resumed session sees only its own events)",
             "restarts": s.restarts}
     th = summaries.thresholds(plan.sections.get("streams", {}))
-    doc = summaries.build(final, info, phases, th, state)
+    seeds = bfcl_data.seed_pool(learner.seeds.category_list, learner.seeds.seed_tasks)
+    doc = summaries.build(final, info, phases, th, state, seeds)
     summaries.write(workdir / "summary.json", doc)
     print(summaries.origin_line(doc), flush=True)
+    print(shape_line(doc["task_shape"]), flush=True)
+    print(summaries.repair_line(doc), flush=True)
     print(f"summary: {workdir / 'summary.json'} ({state})", flush=True)
     if state != "killed" and (workdir / "clickhouse").exists():
         _report(workdir)

@@ -12,11 +12,11 @@ Pure functions over what a `Tally` keeps of the run's events (plain dicts, no br
   boundary, the pattern's calls for rare. A task from a signal is checked against its own signals; a
   task from an unguided strategy against every signal raised up to its step, which makes the unguided
   strategies' share the base rate: how often a task lands on a weak spot without aiming.
-- **Repair.** For each forgetting or boundary signal: its subject task's score when raised (the
-  attempt's mean), and its mean score at later draws and at later evaluations of the subjects
-  (`learner.eval_subjects`, greedy). For an explored signal, "later" starts after the first step that
-  trained on a task made from it; for a signal that was not explored, after the step it was raised.
-  Subjects neither drawn nor evaluated again give no figure.
+- **Repair.** Each forgetting or boundary signal's subject task, scored greedily by the starting policy
+  (the subjects evaluation at step 0: `learner.eval_at_start` with `eval_subjects`) and by the last
+  subjects evaluation: `explored` subjects, where a task made from one of their signals was trained on,
+  against `not_explored` ones. Greedy scores apart from the rollouts that raised the signal, so a
+  subject's low score when it was raised (what chose it) does not count as its "before".
 - **Lineage.** Each validated task with its parent (the task whose environment was explored), its
   generation (1 for a task made from a BFCL task, 2 for one made from that, ...), the signal that led
   to it, the steps that drew and trained on it.
@@ -46,15 +46,6 @@ def evidence_tools(signal: Mapping[str, Any]) -> set[str]:
     rollouts = (signal.get("evidence") or {}).get("trajectories") or []
     failing = [t for t in rollouts if float(t["score"]) < tau] or rollouts
     return {a["name"] for t in failing for a in t.get("actions") or []}
-
-
-def raised_score(signal: Mapping[str, Any]) -> float | None:
-    """The subject's score when the signal was raised: the attempt's score, else its rollouts' mean."""
-    evidence = signal.get("evidence") or {}
-    if evidence.get("attempt_score") is not None:
-        return float(evidence["attempt_score"])
-    scores = evidence.get("scores") or []
-    return sum(scores) / len(scores) if scores else None
 
 
 class Mechanism:
@@ -120,44 +111,34 @@ class Mechanism:
                 hits[strategy].append(bool(call_names(task.get("reference_solution") or ()) & tools))
         return {k: {"tasks": len(v), "targeted": sum(v), "share": sum(v) / len(v)} for k, v in sorted(hits.items())}
 
-    def _explored(self) -> dict[str, str]:
-        """Signal id -> the first validated task made from it."""
-        out: dict[str, str] = {}
-        for task_id, task in sorted(self.validated.items(), key=lambda kv: int(kv[1]["step"])):
-            for signal_id in task.get("signal_ids") or ():
-                out.setdefault(signal_id, task_id)
-        return out
-
-    def repair(self) -> dict[str, dict[str, Any]]:
-        """Subjects' scores when their signal was raised and at later draws: explored (a task made from
-        the signal was trained on first) against not explored."""
-        guided = {i for e in self.explorations.values() if e.get("strategy") == "signal-guided"
-                  for i in e.get("signal_ids") or ()}
-        made = self._explored()
-        groups: dict[str, list[tuple[float, float]]] = {"explored": [], "not_explored": []}
-        unmeasured = Counter()
+    def repair(self) -> dict[str, Any]:
+        """Greedy scores of the forgetting and boundary signals' subjects before training (the subjects
+        evaluation at step 0) and after it (the last one): `explored` subjects, where a task made from one
+        of their signals was trained on, against `not_explored` ones, whose signals led to no trained-on
+        task. A subject missing from either evaluation is counted `unmeasured`."""
+        repaired = {i for task_id, task in self.validated.items() if self.trained_steps(task_id)
+                    for i in task.get("signal_ids") or ()}
+        subjects: dict[str, bool] = {}
         for signal_id, signal in self.signals.items():
-            subject, raised = signal.get("task_id"), raised_score(signal)
-            if signal["kind"] == "rare" or not subject or raised is None:
+            subject = signal.get("task_id")
+            if signal["kind"] == "rare" or not subject:
                 continue
-            if signal_id in guided:
-                trained = self.trained_steps(made[signal_id]) if signal_id in made else []
-                group, after = "explored", (trained[0] if trained else None)
-            else:
-                group, after = "not_explored", int(signal["step"])
-            later = [] if after is None else [
-                *(x for step, s in self.draws(subject).items() if step > after for x in s),
-                *(x for step, x in self._evaluated.get(subject, {}).items() if step > after)]
-            if later:
-                groups[group].append((raised, sum(later) / len(later)))
-            else:
-                unmeasured[group] += 1
-        out = {}
-        for group, pairs in groups.items():
+            subjects[str(subject)] = subjects.get(str(subject), False) or signal_id in repaired
+        steps = sorted({step for scores in self._evaluated.values() for step in scores})
+        after = steps[-1] if steps and steps[-1] > 0 else None
+        out: dict[str, Any] = {"before_step": 0 if 0 in steps else None, "after_step": after}
+        for group, explored in (("explored", True), ("not_explored", False)):
+            pairs, unmeasured = [], 0
+            for subject in sorted(s for s, e in subjects.items() if e == explored):
+                scores = self._evaluated.get(subject, {})
+                if 0 in scores and after in scores:
+                    pairs.append((scores[0], scores[after]))
+                else:
+                    unmeasured += 1
             n = len(pairs)
-            out[group] = {"measured": n, "unmeasured": unmeasured[group],
-                          "score_raised": sum(p[0] for p in pairs) / n if n else None,
-                          "score_later": sum(p[1] for p in pairs) / n if n else None,
+            out[group] = {"measured": n, "unmeasured": unmeasured,
+                          "score_before": sum(p[0] for p in pairs) / n if n else None,
+                          "score_after": sum(p[1] for p in pairs) / n if n else None,
                           "change": sum(p[1] - p[0] for p in pairs) / n if n else None}
         return out
 

@@ -6,9 +6,11 @@ import dataclasses
 import json
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
+from coevolve.services.envs.base import Task
 from coevolve.services.learner.loop.record import PHASES
+from coevolve.services.run.shape import task_shape
 from coevolve.services.run.tally import Tally
 from coevolve.streams.rules import Thresholds
 
@@ -94,8 +96,9 @@ def unclosed_reason(tally: Tally) -> str | None:
 
 
 def build(tally: Tally, plan_info: dict[str, Any], phases: dict[str, float], th: Thresholds,
-          state: str) -> dict[str, Any]:
-    """The summary document (docs/run.md, "summary.json")."""
+          state: str, seeds: Sequence[Task] = ()) -> dict[str, Any]:
+    """The summary document (docs/run.md, "summary.json"); `seeds` is the learner's seed pool, whose shape
+    `task_shape` sets beside the validated tasks'."""
     steps = [tally.steps[s] | {"step": s} for s in sorted(tally.steps)]
     stage_seconds = {k: sum(s.get(f"{k}_seconds") or 0.0 for s in steps) for k in PHASES}
     busy = sum(s.get("duration_seconds") or 0.0 for s in steps)
@@ -117,6 +120,7 @@ def build(tally: Tally, plan_info: dict[str, Any], phases: dict[str, float], th:
         "synthesized_trained": tally.synthesized_trained, "first_synthesized_step": tally.first_synthesized_step,
         "loop_silent": unclosed_reason(tally),
         **tally.mechanism.summary(),
+        "task_shape": task_shape(tally.mechanism.validated.values(), seeds),
         "train_reward": {s["step"]: s.get("train_reward") for s in steps},
         "loss": {s["step"]: s.get("loss") for s in steps},
         "policy_lag": tally.policy_lag, "weight_updates": tally.weight_updates,
@@ -154,3 +158,17 @@ def write(path: Path, summary: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n")
     tmp.replace(path)
+
+
+def repair_line(summary: dict[str, Any]) -> str:
+    """The terminal's word on repair: `repair (greedy, step 0 -> 6): explored subjects 0.20 -> 0.45 (n 3);
+    not explored 0.25 -> 0.25 (n 2)`, or why it is unmeasured."""
+    repair = summary["repair"]
+    groups = [(name, repair[key]) for name, key in (("explored subjects", "explored"), ("not explored", "not_explored"))]
+    if not any(r["measured"] for _, r in groups):
+        subjects = sum(r["unmeasured"] for _, r in groups)
+        return (f"repair: unmeasured ({subjects} subjects; set learner.eval_at_start and learner.eval_subjects to "
+                "score them before and after)")
+    parts = [f"{name} {r['score_before']:.2f} -> {r['score_after']:.2f} (n {r['measured']})" if r["measured"]
+             else f"{name} n 0" for name, r in groups]
+    return f"repair (greedy, step {repair['before_step']} -> {repair['after_step']}): " + "; ".join(parts)

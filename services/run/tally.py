@@ -81,7 +81,8 @@ class Tally:
             self.verdicts[str(e["task_id"])] = {"verdict": str(e["verdict"]), "stage": e.get("stage"),
                                                 "reason": str(e.get("reason") or ""), "step": int(e["step"]),
                                                 **{k: e.get(k) for k in ("exploration_ids", "signal_ids",
-                                                                         "seed_task_id", "reference_solution")}}
+                                                                         "seed_task_id", "reference_solution",
+                                                                         "instruction_turns", "involved_classes")}}
 
     @property
     def mechanism(self) -> Mechanism:

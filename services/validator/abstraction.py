@@ -6,9 +6,9 @@ answers with the user turns, each with its reference calls. By default (`group_s
 makes every reference call one of those explored calls and the task keeps the seed's classes and
 initial state; free mode lets the model write any call, name the classes and patch the state.
 `parse_proposal` checks an answer; `build_task` makes it a `Task` that runs exactly like a seed task.
-With `instructions = False` the model only chooses each turn's reference calls and `describe_calls`
-writes the instruction from the tools' own descriptions and the calls' arguments: for a model too small
-to say what the calls it chose do (SmolLM2-135M wrote "[1]" and "Train 2 (trading_logout())").
+For a model too small to write a task (`instructions: calls`), `chain_proposal` takes the group's
+longest chain of explored calls that worked, in the order they ran, as the reference, and `build_task`
+writes each turn's instruction from the tools' own descriptions (`wording.py`).
 
 `initial_state` is a JSON merge patch (RFC 7386) over the seed task's state, as JSON text: absent or
 empty keeps the seed's state, an object changes only the keys it names (null deletes one). Only the
@@ -23,9 +23,10 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from coevolve.services.envs import bfcl_data
 from coevolve.services.envs.base import Task
-from coevolve.services.envs.calls import Call, parse_action
+from coevolve.services.envs.calls import Call
 from coevolve.services.explorer.random_strategy import is_error_observation
 from coevolve.services.agent.structured import Parsed, clip, parse_structured
+from coevolve.services.validator.wording import describe_turn
 
 _STATE_CHARS = 2000
 _OBSERVATION_CHARS = 200
@@ -37,8 +38,7 @@ CALL_CHARS = 120
 PATCH_CHARS = 1000
 
 
-def task_schema(max_turns: int = 6, calls: Sequence[str] | None = None, instructions: bool = True,
-                max_calls: int = 4) -> dict[str, Any]:
+def task_schema(max_turns: int = 6, calls: Sequence[str] | None = None, max_calls: int = 4) -> dict[str, Any]:
     """The JSON schema of a proposed task, with at most `max_turns` user turns of at most `max_calls`
     reference calls each.
 
@@ -49,8 +49,7 @@ def task_schema(max_turns: int = 6, calls: Sequence[str] | None = None, instruct
 
     With `calls` every reference call is one of them (the explored calls that succeeded) and the task
     keeps the seed's classes and initial state, the environment they succeeded in, so neither is asked
-    for: constrained decoding cannot then invent a call or pick a class that lacks one. Without
-    `instructions` a turn is its reference alone (`describe_calls` writes the instruction).
+    for: constrained decoding cannot then invent a call or pick a class that lacks one.
     """
     reference = {"enum": list(calls)} if calls is not None else {
         "type": "string", "minLength": 1, "maxLength": CALL_CHARS}
@@ -60,8 +59,6 @@ def task_schema(max_turns: int = 6, calls: Sequence[str] | None = None, instruct
         "reference": {"type": "array", "minItems": 1, "maxItems": max_calls, "items": reference,
                       "description": "The calls that solve this turn, in BFCL call syntax."},
     }
-    if not instructions:
-        del turn["instruction"]
     properties: dict[str, Any] = {
         "turns": {"type": "array", "minItems": 1, "maxItems": max_turns, "items": {
             "type": "object", "additionalProperties": False, "required": list(turn), "properties": turn}},
@@ -100,38 +97,55 @@ def successful_calls(explorations: Iterable[Mapping[str, Any]]) -> list[tuple[st
 
 
 def group_schema(explorations: Sequence[Mapping[str, Any]], seed: Task, max_turns: int = 6,
-                 from_exploration: bool = True, instructions: bool = True, max_calls: int = 4) -> dict[str, Any] | None:
+                 from_exploration: bool = True, max_calls: int = 4) -> dict[str, Any] | None:
     """The schema of the task proposed from one group: references taken from its explored calls that
     succeeded (`from_exploration`), or free; None when there is no such call to take one from."""
     if not from_exploration:
-        return task_schema(max_turns, instructions=instructions, max_calls=max_calls)
+        return task_schema(max_turns, max_calls=max_calls)
     calls = [call for call, _ in successful_calls(explorations)[:_MAX_CALLS_SHOWN]]
-    return task_schema(max_turns, calls, instructions, max_calls) if calls else None
+    return task_schema(max_turns, calls, max_calls) if calls else None
 
 
-def _what_it_does(name: str, classes: Sequence[str]) -> str:
-    """A tool's own description, its class preamble dropped, as a clause: "change the current ... folder"."""
-    for cls in classes:
-        for doc in bfcl_data.function_docs(cls):
-            if doc["name"] == name:
-                first = bfcl_data.tool_description(doc).split(". ")[0].rstrip(". ")
-                return first[:1].lower() + first[1:]
-    return f"call {name}"
+def explored_chains(explorations: Iterable[Mapping[str, Any]]) -> list[list[str]]:
+    """Per exploration run (in round order), its calls that worked, in the order they ran. Each run starts
+    from the task's initial state and a failed call leaves the state as it was, so a chain replays from
+    that state with each call seeing what the calls before it made (cd, then ls there). A call repeated
+    at once is kept once."""
+    chains = []
+    for event in sorted(explorations, key=lambda e: int(e.get("round") or 0)):
+        chain: list[str] = []
+        for item in event["tuples"]:
+            call = render_tuple(item)
+            if is_error_observation(item["observation"]) or call.endswith("(<unreadable arguments>)"):
+                continue
+            if not chain or chain[-1] != call:
+                chain.append(call)
+        if chain:
+            chains.append(chain)
+    return chains
 
 
-def describe_calls(calls: Sequence[str], classes: Sequence[str]) -> str:
-    """A user instruction for a turn from its reference calls: what each tool does, with the arguments,
-    e.g. "Please change the current working directory to the specified folder (folder='document')."."""
-    parts = []
-    for source in calls:
-        parsed = parse_action([source]).calls
-        call = parsed[0] if len(parsed) == 1 and isinstance(parsed[0], Call) else None
-        if call is None:
-            parts.append(f"run {source}")
-            continue
-        args = ", ".join(f"{k}={v!r}" for k, v in call.kwargs.items())
-        parts.append(_what_it_does(call.name, classes) + (f" ({args})" if args else ""))
-    return "Please " + ", then ".join(dict.fromkeys(parts)) + "."
+def split_turns(calls: Sequence[str], max_turns: int) -> list[list[str]]:
+    """`calls` as at most `max_turns` user turns, in order, each as even as can be (earlier ones longer)."""
+    turns = min(max_turns, len(calls))
+    size, extra = divmod(len(calls), turns) if turns else (0, 0)
+    out, at = [], 0
+    for i in range(turns):
+        n = size + (i < extra)
+        out.append(list(calls[at:at + n]))
+        at += n
+    return out
+
+
+def chain_proposal(explorations: Sequence[Mapping[str, Any]], max_turns: int, calls_per_turn: int) -> dict | None:
+    """The group's longest chain (`explored_chains`; the earliest run among equals), cut to `max_turns` x
+    `calls_per_turn` calls, as a proposal of user turns with their reference calls and no instruction
+    (`build_task` writes it from the tools' descriptions); None when no explored call worked."""
+    chains = explored_chains(explorations)
+    if not chains:
+        return None
+    chain = max(chains, key=len)[:max_turns * calls_per_turn]
+    return {"turns": [{"reference": turn} for turn in split_turns(chain, max_turns)]}
 
 
 def abstraction_messages(explorations: Sequence[Mapping[str, Any]], seed: Task,
@@ -146,14 +160,15 @@ def abstraction_messages(explorations: Sequence[Mapping[str, Any]], seed: Task,
     lines.extend(f"Exploration context: {c}" for c in contexts)
     lines.append("Explored calls that succeeded, from the initial state:")
     lines.extend(f"  {call} -> {clip(obs, _OBSERVATION_CHARS)}" for call, obs in calls)
+    lines.append("Each run's calls that succeeded, in the order they ran (a later call sees what earlier ones did):")
+    lines.extend(f"  run {i + 1}: " + ", then ".join(chain) for i, chain in enumerate(explored_chains(explorations)))
     schema = schema or task_schema()
-    asks = "instruction" in schema["properties"]["turns"]["items"]["properties"]
-    turn = ("has the user's instruction and its reference" if asks else "is its reference") + \
-        ": a list of calls in BFCL call syntax, taken from the explored calls that succeeded"
     system = ("You write new training tasks for a tool-using agent from what exploration found. Write a "
-              f"task a user would ask, different from the seed task, that the explored calls solve. Each turn "
-              f"{turn}. Answer with one JSON object that fits this JSON schema, and nothing else:\n"
-              + json.dumps(schema))
+              "task a user would ask, different from the seed task, that the explored calls solve in the order "
+              "they ran. Each turn has the user's instruction and its reference: a list of calls in BFCL call "
+              "syntax, taken from the explored calls that succeeded. An instruction says what to achieve, with "
+              "the values a user would give, never a call or name=value. Answer with one JSON object that fits "
+              "this JSON schema, and nothing else:\n" + json.dumps(schema))
     return [{"role": "system", "content": system}, {"role": "user", "content": "\n".join(lines)}]
 
 
@@ -205,7 +220,7 @@ def build_task(proposal: Mapping[str, Any], seed: Task, task_id: str) -> tuple[T
     state = merge_patch(dict(seed.initial_state), patch)
     classes = tuple(dict.fromkeys(proposal.get("involved_classes") or seed.involved_classes))
     turns = proposal["turns"]
-    task = Task(task_id=task_id, turns=tuple(t.get("instruction") or describe_calls(t["reference"], classes)
+    task = Task(task_id=task_id, turns=tuple(t.get("instruction") or describe_turn(t["reference"], classes)
                                              for t in turns),
                 initial_state={c: state[c] for c in classes if c in state}, involved_classes=classes,
                 reference=tuple(tuple(t["reference"]) for t in turns), env=seed.env)

@@ -23,22 +23,27 @@ class ValidatorConfig:
     similarity_threshold: float = doc(90.0, "Instructions at least this similar (rapidfuzz token_sort_ratio, "
                                             "0-100) to a known task's make a proposal a near-duplicate.")
     max_turns: int = doc(6, "Most user turns a proposed task may have.")
-    task_calls_per_turn: int = doc(4, "Most reference calls in one of its turns.")
+    task_calls_per_turn: int = doc(4, "Most reference calls in one of its turns (a chain of calls is cut to "
+                                      "max_turns x task_calls_per_turn).")
     reference_from_exploration: bool = doc(True, "Every reference call is one of the group's explored calls "
                                                  "that succeeded (enforced by the schema, so constrained "
                                                  "decoding cannot invent one), with the seed's classes and "
                                                  "initial state; false lets the model write any call, name "
                                                  "the classes and patch the state.")
-    instructions: str = doc("model", "Who writes each turn's instruction: model (the abstraction's LLM, as in the "
-                                     "paper) or calls (the model chooses the reference calls; the instruction "
-                                     "says what each tool does, with its arguments: for a model too small to "
-                                     "describe what it chose).")
+    instructions: str = doc("model", "Who writes the task: model (the abstraction's LLM writes each turn's "
+                                     "instruction and chooses its calls, as in the paper) or calls (for a model "
+                                     "too small to write one: the group's longest chain of explored calls that "
+                                     "worked, in order, split into turns, each instruction written from the "
+                                     "tools' and parameters' own descriptions).")
     parse_attempts: int = doc(3, "Model answers tried per abstraction before the group is dead-lettered.")
     rounds_per_group: int = doc(3, "Exploration rounds that make a complete group (the explorer's runs).")
 
     def __post_init__(self) -> None:
         if self.instructions not in ("model", "calls"):
             raise ConfigError(f"instructions={self.instructions!r}: choose model or calls")
+        if self.instructions == "calls" and not self.reference_from_exploration:
+            raise ConfigError("instructions=calls takes the task's calls from the exploration: set "
+                              "reference_from_exploration=true, or instructions=model to let the model write them")
         if not 0 < self.similarity_threshold <= 100:
             raise ConfigError(f"similarity_threshold={self.similarity_threshold} must be in (0, 100]; "
                               "100 flags only identical instructions")

@@ -16,8 +16,8 @@ from coevolve.services.agent.episodes import run_episodes
 from coevolve.services.agent.structured import StructuredOutputError, generate_json
 from coevolve.services.envs import bfcl_data
 from coevolve.services.envs.base import Task
-from coevolve.services.validator.abstraction import (abstraction_messages, build_task, group_schema,
-                                                     synthesized_task_id)
+from coevolve.services.validator.abstraction import (abstraction_messages, build_task, chain_proposal,
+                                                     group_schema, synthesized_task_id)
 from coevolve.services.validator.config import ValidatorConfig
 from coevolve.services.validator.novelty import NoveltyIndex
 from coevolve.services.validator.stages import StageOutcome
@@ -44,16 +44,20 @@ def agent_attempt(backend, sampling: SamplingConfig, limits: EpisodeLimits, atte
 
 def propose(backend, groups: Sequence[tuple[Sequence[Mapping[str, Any]], Task]], config: ValidatorConfig,
             sampling: SamplingConfig) -> list[tuple[dict | None, str, str]]:
-    """(proposed task, "", "") for each (group, seed), from one batched generation, or (None, error
+    """(proposed task, "", "") for each (group, seed), from one batched generation (none with
+    `instructions: calls`: the group's longest chain of calls that worked is the task), or (None, error
     type, reason) when there is nothing to abstract or no answer could be used."""
+    nothing = (None, "nothing_to_abstract", "no explored call succeeded, so no reference can be taken from the "
+                                            "exploration")
+    if config.instructions == "calls":
+        chains = [chain_proposal(group, config.max_turns, config.task_calls_per_turn) for group, _ in groups]
+        return [(chain, "", "") if chain else nothing for chain in chains]
     schemas = [group_schema(group, seed, config.max_turns, config.reference_from_exploration,
-                            config.instructions == "model", config.task_calls_per_turn) for group, seed in groups]
+                            config.task_calls_per_turn) for group, seed in groups]
     asked = [i for i, schema in enumerate(schemas) if schema is not None]
     answers = generate_json(backend, [abstraction_messages(*groups[i], schemas[i]) for i in asked],
                             [schemas[i] for i in asked], sampling, retries=config.parse_attempts - 1) if asked else []
-    results: list[tuple[dict | None, str, str]] = [
-        (None, "nothing_to_abstract", "no explored call succeeded, so no reference can be taken from the "
-                                      "exploration")] * len(groups)
+    results: list[tuple[dict | None, str, str]] = [nothing] * len(groups)
     for i, answer in zip(asked, answers):
         results[i] = (None, "unparseable_proposal", str(answer)) if isinstance(answer, StructuredOutputError) \
             else (answer, "", "")

@@ -1,9 +1,10 @@
 """The validation stages a proposed task goes through, in order; each returns its outcome and reason.
 
 1. `well_formed`: the task has turns, every turn has reference calls, every reference call parses as
-   one plain call with literal arguments, and names a public tool of an involved class, and the
-   initial state loads into those classes (so no task that cannot start reaches the learner, even with
-   validation off).
+   one plain call with literal arguments, and names a public tool of an involved class, no instruction
+   spells out a call (`wording.leaked_call`), and the initial state loads into those classes (so no
+   task that cannot start, or that only asks to copy a call, reaches the learner, even with validation
+   off).
 2. `executable`: from the initial state, the reference runs with no call rejected, raising or
    returning an error, and it changes the state or returns information (a hallucinated task fails).
 3. `novel`: not a near-duplicate of a known task (`novelty.py`).
@@ -19,6 +20,7 @@ from coevolve.services.envs.base import Task
 from coevolve.services.envs.bfcl import InvalidTask, public_methods, reference_problems, score_calls, workspace
 from coevolve.services.envs.host import WorkspaceLost
 from coevolve.services.envs.calls import CallLimits, Rejected, parse_action
+from coevolve.services.validator.wording import leaked_call
 
 STAGES = ("well_formed", "executable", "novel", "dual_pass")
 _EMPTY_RESULTS = frozenset({"", "None", "{}", "[]", "null"})
@@ -77,6 +79,10 @@ def check_well_formed(task: Task) -> StageOutcome:
                 return _malformed(f"turn {turn}: {call.name!r} is not a tool of "
                             f"{', '.join(task.involved_classes)}")
             count += 1
+    for turn, instruction in enumerate(task.turns):
+        leak = leaked_call(instruction, owner)
+        if leak:
+            return _malformed(f"turn {turn}'s instruction: {leak}")
     return StageOutcome("well_formed", True, f"{count} reference call(s) parse and name tools of "
                                              f"{', '.join(task.involved_classes)}")
 

@@ -290,7 +290,7 @@ def test_a_feed_whose_reader_fails_makes_the_learner_unhealthy_and_a_stopped_one
     assert ok and details["failures"] == []
 
 
-def test_the_pool_knows_the_subjects_of_the_signals_behind_its_tasks_across_a_restore():
+def test_the_subjects_are_every_seed_and_the_synthesized_tasks_a_signal_named_across_a_restore():
     from coevolve.services.envs import bfcl_data
     from coevolve.services.learner.config import SamplerConfig
     from coevolve.services.learner.loop.sampler import TaskPool
@@ -303,8 +303,10 @@ def test_the_pool_knows_the_subjects_of_the_signals_behind_its_tasks_across_a_re
     grandchild = {**child, "task_id": "syn-c", "seed_task_id": "syn-a"}
     for record in (child, unguided, grandchild):
         pool.offer(record)
+    every_seed = sorted(t.task_id for t in seeds)
+    assert [t.task_id for t in pool.subject_tasks()] == every_seed  # before the refresh: no synthesized task yet
     pool.refresh(1)
-    assert [t.task_id for t in pool.subject_tasks()] == [seeds[1].task_id, "syn-a"]
+    assert [t.task_id for t in pool.subject_tasks()] == every_seed + ["syn-a"]
     again = TaskPool(seeds, SamplerConfig(), check=lambda task: None)
     again.restore(pool.state())
-    assert [t.task_id for t in again.subject_tasks()] == [seeds[1].task_id, "syn-a"]
+    assert [t.task_id for t in again.subject_tasks()] == every_seed + ["syn-a"]

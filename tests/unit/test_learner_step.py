@@ -180,3 +180,20 @@ def test_evaluation_is_due_every_e_steps_and_after_the_last():
     assert [s for s in range(1, 8) if due(cfg, s)] == [3, 6, 7]
     assert not any(due(LearnerConfig(steps=7), s) for s in range(1, 8))
     assert evaluation_event_id("run-a", 3, "test") == "eval-run-a-3-test"
+
+
+def test_an_evaluated_task_is_cut_to_the_turns_the_learner_plays():
+    from coevolve.services.envs import bfcl_data
+    from coevolve.services.envs.bfcl import score_calls
+    from coevolve.services.learner.loop.evaluation import played
+
+    task = bfcl_data.get_task("multi_turn_base_0")
+    first = played(task, 1)
+    assert (first.turns, first.reference) == (task.turns[:1], task.reference[:1])
+    assert played(task, 10) is task
+    # the first turn's reference calls now succeed: the whole task could not, with one turn played
+    assert score_calls(first, [list(task.reference[0])])["success"]
+    assert not score_calls(task, [list(task.reference[0])])["success"]
+    miss_func = next(t for t in bfcl_data.load_category("multi_turn_miss_func") if t.added_tools)
+    turn = min(miss_func.added_tools)
+    assert played(miss_func, turn).added_tools == {}

@@ -1,6 +1,6 @@
 """Origin, targeting, repair and lineage on a small hand-made run whose answers are known."""
 from coevolve.services.run.mechanism import Mechanism, call_names, evidence_tools
-from coevolve.services.run.summary import origin_line
+from coevolve.services.run.summary import origin_line, repair_line
 from coevolve.services.run.tally import Tally
 from tests.mechanism_run import events, signal
 
@@ -32,13 +32,35 @@ def test_targeting_checks_a_guided_task_against_its_signal_and_an_unguided_one_a
     assert targeting["random-fallback"] == {"tasks": 1, "targeted": 1, "share": 1.0}
 
 
-def test_repair_compares_explored_subjects_after_training_with_unexplored_ones_after_theirsignal():
-    repair = _run().mechanism.repair()
-    assert repair["explored"]["measured"] == 1 and repair["explored"]["score_raised"] == 0.5
-    assert repair["explored"]["score_later"] == 0.75 and repair["explored"]["change"] == 0.25
-    assert repair["explored"]["unmeasured"] == 1  # s4's task D was never trained on
-    assert repair["not_explored"] == {"measured": 1, "unmeasured": 0, "score_raised": 0.25, "score_later": 0.25,
-                                      "change": 0.0}
+def _subjects(tally, step, scores):
+    tally.add("EvaluationCompleted", {"event_id": f"eval-r-{step}-subjects", "run_id": "r", "step": step,
+                                      "split": "subjects", "task_ids": list(scores), "scores": list(scores.values())})
+
+
+def test_repair_compares_greedy_scores_of_explored_subjects_before_and_after_with_unexplored_ones():
+    tally = _run()
+    _subjects(tally, 0, {"multi_turn_base_1": 0.25, "multi_turn_base_2": 0.5, "A": 0.0})
+    _subjects(tally, 5, {"multi_turn_base_1": 0.75, "multi_turn_base_2": 0.5, "A": 1.0})
+    repair = tally.mechanism.repair()
+    assert (repair["before_step"], repair["after_step"]) == (0, 5)
+    # base_1: s1 made task A, trained at step 3; base_2: s3 never explored; A: s4 made D, never trained on
+    assert repair["explored"] == {"measured": 1, "unmeasured": 0, "score_before": 0.25, "score_after": 0.75,
+                                  "change": 0.5}
+    assert repair["not_explored"] == {"measured": 2, "unmeasured": 0, "score_before": 0.25, "score_after": 0.75,
+                                      "change": 0.5}
+    assert repair_line({"repair": repair}) == ("repair (greedy, step 0 -> 5): explored subjects 0.25 -> 0.75 (n 1); "
+                                               "not explored 0.25 -> 0.75 (n 2)")
+
+
+def test_without_a_subjects_evaluation_at_step_0_repair_is_unmeasured_and_says_how_to_measure_it():
+    tally = _run()
+    _subjects(tally, 5, {"multi_turn_base_1": 0.75})
+    repair = tally.mechanism.repair()
+    assert repair["before_step"] is None and repair["explored"]["unmeasured"] == 1
+    assert repair["not_explored"] == {"measured": 0, "unmeasured": 2, "score_before": None, "score_after": None,
+                                      "change": None}
+    assert repair_line({"repair": repair}) == ("repair: unmeasured (3 subjects; set learner.eval_at_start and "
+                                               "learner.eval_subjects to score them before and after)")
 
 
 def test_lineage_gives_each_task_its_parent_generation_signal_and_training_steps():
@@ -61,12 +83,8 @@ def test_the_terminal_names_where_a_steps_synthesized_tasks_came_from():
     assert isinstance(Mechanism({}, {}, {}, {}).summary()["lineage"], list)
 
 
-def test_a_subjects_evaluation_counts_as_a_later_measurement_and_stays_out_of_the_held_out_evaluations():
+def test_a_subjects_evaluation_stays_out_of_the_held_out_evaluations():
     tally = _run()
-    tally.add("EvaluationCompleted", {"event_id": "eval-r-5-subjects", "run_id": "r", "step": 5, "split": "subjects",
-                                      "task_ids": ["multi_turn_base_1", "multi_turn_base_2"], "scores": [1.0, 0.0]})
+    _subjects(tally, 5, {"multi_turn_base_1": 1.0, "multi_turn_base_2": 0.0})
     assert tally.evaluations == [] and tally.subject_scores == {("multi_turn_base_1", 5): 1.0,
                                                                 ("multi_turn_base_2", 5): 0.0}
-    repair = tally.mechanism.repair()
-    assert repair["explored"]["score_later"] == (1.0 + 0.5 + 1.0) / 3  # the draws at step 4, the evaluation at 5
-    assert repair["not_explored"]["score_later"] == (0.25 + 0.25 + 0.0) / 3

@@ -4,6 +4,8 @@ import pytest
 from coevolve.services.run.summary import (build, silent_reasons, thresholds, unclosed_reason, untrained_reason,
                                           unvalidated_reason)
 from coevolve.services.run.tally import Tally
+from coevolve.services.envs import bfcl_data
+from coevolve.services.run.shape import shape_line
 
 
 def _trajectory(eid, task, step, score, actions=0, run="r1"):
@@ -132,3 +134,24 @@ def test_a_run_without_updates_has_no_lag_and_no_weight_updates():
     doc = build(Tally(run_id="r1"), {"run_id": "r1"}, {}, thresholds({}), "completed")
     assert doc["policy_lag"] == {"max": None, "mean": None, "stale_groups": 0}
     assert doc["weight_updates"]["count"] == 0 and doc["weight_updates"]["median_seconds"] is None
+
+
+def test_the_summary_sets_the_validated_tasks_shape_beside_the_seeds_and_counts_leaked_calls():
+    tally = Tally(run_id="r1")
+    fs = ["GorillaFileSystem"]
+    for eid, turns, reference in (
+            ("a", ["Go into the document folder, then list it."], [["cd(folder='document')", "ls()"]]),
+            ("b", ["Run cd(folder='temp').", "Then list it."], [["cd(folder='temp')"], ["ls()"]]),
+            ("c", ["List everything."], [["ls(a=True)"]])):
+        tally.add("TaskChecked", {**_verdict(eid, "validated", None), "instruction_turns": turns,
+                                  "reference_solution": reference, "involved_classes": fs})
+    tally.add("TaskChecked", {**_verdict("d", "rejected", "well_formed"), "instruction_turns": ["x=1"],
+                              "reference_solution": [["ls()"]], "involved_classes": fs})
+    seed = bfcl_data.get_task("multi_turn_base_0")
+    shape = build(tally, {"run_id": "r1"}, {}, thresholds({}), "completed", [seed])["task_shape"]
+    assert shape["validated"] == {"tasks": 3, "calls": {1: 1, 2: 2}, "turns": {1: 2, 2: 1}, "mean_calls": 5 / 3,
+                                  "mean_turns": 4 / 3, "two_or_more_calls": 2, "instructions": 4,
+                                  "instructions_leaking_a_call": 1}
+    assert shape["seeds"]["tasks"] == 1 and shape["seeds"]["mean_turns"] == len(seed.turns)
+    assert shape_line(shape).startswith("task shape: validated 3, 1.7 calls and 1.3 turns each (2 with 2+ calls), "
+                                        "instructions leaking a call 1 of 4; seeds 1, ")

@@ -5,10 +5,12 @@ from pathlib import Path
 import pytest
 
 from coevolve.services.envs import bfcl_data
-from coevolve.services.envs.bfcl import score_calls
-from coevolve.services.validator.abstraction import (abstraction_messages, build_task, describe_calls, group_schema,
-                                                     merge_patch, parse_proposal, successful_calls,
-                                                     synthesized_task_id, task_schema)
+from coevolve.services.envs.bfcl import reference_problems, score_calls
+from coevolve.services.validator.abstraction import (abstraction_messages, build_task, chain_proposal,
+                                                     explored_chains, group_schema, merge_patch, parse_proposal,
+                                                     split_turns, successful_calls, synthesized_task_id,
+                                                     task_schema)
+from coevolve.services.validator.stages import check_well_formed
 from coevolve.services.validator.groups import ExplorationGroups
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "abstraction"
@@ -146,19 +148,43 @@ def test_both_answer_schemas_bound_every_string_and_array():
         "a": {"type": "string"}, "b": {"type": "array", "items": {"type": "string", "maxLength": 3}}}}) == ["$.a", "$.b"]
 
 
-def test_without_model_instructions_the_schema_asks_only_for_calls_and_the_task_says_what_they_do():
-    schema = group_schema([exploration()], SEED, max_turns=1, instructions=False, max_calls=1)
-    turn = schema["properties"]["turns"]["items"]
-    assert turn["required"] == ["reference"] and "instruction" not in turn["properties"]
-    assert turn["properties"]["reference"]["maxItems"] == 1
-    assert "Each turn is its reference" in abstraction_messages([exploration()], SEED, schema)[0]["content"]
-    answer = json.dumps({"turns": [{"reference": ["cd(folder='document')"]}]})
-    proposal = parse_proposal(answer, schema).value
-    task, problem = build_task(proposal, SEED, "synthesized_described")
-    assert problem == "" and task.turns == (
-        "Please change the current working directory to the specified folder (folder='document').",)
-    assert score_calls(task, [list(task.reference[0])])["success"]
-    assert describe_calls(["cd(folder='document')", "ls()", "cd(folder='document')"], SEED.involved_classes) == (
-        "Please change the current working directory to the specified folder (folder='document'), then list the "
-        "contents of the current directory.")
-    assert describe_calls(["os.system('x')"], SEED.involved_classes) == "Please run os.system('x')."
+def _call(name, arguments, observation):
+    return {"name": name, "arguments": json.dumps(arguments), "observation": observation}
+
+
+CHAIN = [_call("cd", {"folder": "document"}, '{"current_working_directory": "document"}'),
+         _call("mv", {"source": "x", "destination": "y"}, '{"error": "mv: no x"}'),
+         _call("mkdir", {"dir_name": "temp"}, "None"),
+         _call("mkdir", {"dir_name": "temp"}, "None"),
+         _call("mv", {"source": "final_report.pdf", "destination": "temp"}, '{"result": "moved"}')]
+
+
+def test_a_runs_calls_that_worked_form_a_chain_in_the_order_they_ran():
+    short = exploration("e1", 1, tuples=CHAIN[:1])
+    assert explored_chains([exploration("e0", 0, tuples=CHAIN), short]) == [
+        ["cd(folder='document')", "mkdir(dir_name='temp')", "mv(source='final_report.pdf', destination='temp')"],
+        ["cd(folder='document')"]]
+    assert explored_chains([exploration(tuples=CHAIN[1:2])]) == []
+    assert split_turns(list("abcde"), 2) == [["a", "b", "c"], ["d", "e"]] and split_turns(["a"], 3) == [["a"]]
+
+
+def test_the_longest_chain_becomes_a_task_in_words_whose_reference_replays_in_the_environment():
+    group = [exploration("e0", 0, tuples=CHAIN[:1]), exploration("e1", 1, tuples=CHAIN)]
+    proposal = chain_proposal(group, max_turns=2, calls_per_turn=2)
+    assert proposal == {"turns": [{"reference": ["cd(folder='document')", "mkdir(dir_name='temp')"]},
+                                  {"reference": ["mv(source='final_report.pdf', destination='temp')"]}]}
+    task, problem = build_task(proposal, SEED, "synthesized_chain")
+    assert problem == "" and len(task.turns) == 2
+    assert task.turns[0] == ('Change the current working directory to the specified folder (the folder of the '
+                             'directory to change to: "document"), then create a new directory in the current '
+                             'directory (the name of the new directory at current directory: "temp").')
+    assert "(" not in task.turns[1].split(" (")[0] and '"final_report.pdf"' in task.turns[1]
+    assert reference_problems(task) == []
+    assert score_calls(task, [list(turn) for turn in task.reference])["success"]
+    assert check_well_formed(task).passed
+
+
+def test_a_chain_is_cut_to_the_configured_bound_and_no_chain_means_nothing_to_abstract():
+    assert chain_proposal([exploration(tuples=CHAIN)], max_turns=1, calls_per_turn=2) == {
+        "turns": [{"reference": ["cd(folder='document')", "mkdir(dir_name='temp')"]}]}
+    assert chain_proposal([exploration(tuples=CHAIN[1:2])], max_turns=3, calls_per_turn=3) is None

@@ -49,7 +49,7 @@ def publish_step(producer: Any, run_id: str, path: Path, trajectories: list[dict
 
 
 def publish_evaluation(producer: Any, run_id: str, evaluation: dict[str, Any]) -> None:
-    """An evaluation outside any step (the starting policy's, `steps = 0`), confirmed."""
+    """An evaluation outside any step (the starting policy's, as step 0), confirmed."""
     producer.send(EVALUATIONS.name, evaluation, key=run_id)
     producer.flush()
 

@@ -156,11 +156,13 @@ class TaskPool:
             self.subjects[task_id] = str(record["seed_task_id"])
 
     def subject_tasks(self) -> list[Task]:
-        """The tasks whose weakness signals led to a task in the pool (each once, in id order): what a
-        repair evaluation runs. A subject that is neither a seed nor a synthesized task of the pool is left
-        out (a seed task of another category)."""
-        known = {**self.seed_tasks, **{k: t for k, (t, _) in self.synthesized.items()}}
-        return [known[k] for k in sorted(set(self.subjects.values())) if k in known]
+        """What a repair evaluation runs, each once in id order: every seed task (a signal may name any, and
+        its score before training is known only if it was evaluated from the start), then the synthesized
+        tasks whose weakness signals led to a task in the pool. A subject that is neither a seed nor a
+        synthesized task of the pool is left out (a seed task of another category)."""
+        synthesized = {k: t for k, (t, _) in self.synthesized.items()}
+        named = sorted(k for k in set(self.subjects.values()) if k in synthesized)
+        return [self.seed_tasks[k] for k in sorted(self.seed_tasks)] + [synthesized[k] for k in named]
 
     def _drop(self, bad: Unloadable) -> None:
         self.synthesized.pop(bad.task_id, None)

@@ -29,7 +29,7 @@ from coevolve.services.fleet.backend import FleetBackend, FleetError, WeightTran
 from coevolve.services.kafka.producer import DeliveryError, EventProducer
 from coevolve.services.learner.config import LearnerConfig, LearnerSettings, rollout_backend
 from coevolve.services.learner.loop import checkpoint as ckpt, journal
-from coevolve.services.learner.loop.evaluation import due, evaluate, evaluate_subjects
+from coevolve.services.learner.loop.evaluation import due, evaluate_all
 from coevolve.services.learner.loop.feed import TaskFeed, tasks_consumer
 from coevolve.services.learner.loop.publish import publish_evaluation, publish_step, report_unloadable
 from coevolve.services.learner.loop.replay import replay, resolve_run
@@ -123,11 +123,12 @@ class Learner(Service):
         self.log.info("learner.started", run_id=self.run_id, resumed_at=self.done, replayed=self.done - checkpointed,
                       model=self.backend_cfg.model, backend=self.backend_cfg.backend, pool=self.pool.size,
                       sampler=self.sampler_cfg.sampler)
-        if self.cfg.steps == 0:  # the zero-shot arm: the starting policy evaluated once, as step 0
-            evaluation = evaluate(self.backend, self.backend_cfg, self.cfg, self.limits, self.cfg.max_new_tokens,
-                                  self.run_id, 0)
-            publish_evaluation(self.producer, self.run_id, evaluation)
-            self.telemetry.evaluated(0, evaluation)
+        if self.done == 0 and (self.cfg.steps == 0 or self.cfg.eval_at_start):  # the starting policy, as step 0
+            evaluations = evaluate_all(self.backend, self.backend_cfg, self.cfg, self.limits,
+                                       self.sampling.max_new_tokens, self.run_id, 0, self.pool)
+            for record in filter(None, evaluations):
+                publish_evaluation(self.producer, self.run_id, record)
+            self.telemetry.evaluated(0, evaluations[0])
         if self.done >= self.cfg.steps:
             self.stop()
         self.started = time.monotonic()
@@ -222,14 +223,9 @@ class Learner(Service):
             self._report_unloadable()  # tasks the pool refused as they arrived, or the step's draws dropped
         record, evaluation, subjects = result.record, None, None
         if due(self.cfg, step):
-            evaluation = evaluate(self.backend, self.backend_cfg, self.cfg, self.limits,
-                                  self.sampling.max_new_tokens, self.run_id, step)
+            evaluation, subjects = evaluate_all(self.backend, self.backend_cfg, self.cfg, self.limits,
+                                                self.sampling.max_new_tokens, self.run_id, step, self.pool)
             record = record.evaluated(evaluation["success_rate"])
-            if self.cfg.eval_subjects:
-                with self.pool.guard:
-                    tasks = self.pool.subject_tasks()
-                subjects = evaluate_subjects(self.backend, self.backend_cfg, tasks, self.cfg, self.limits,
-                                             self.sampling.max_new_tokens, self.run_id, step)
         started = time.perf_counter()
         sampler = result.pool_state
         path = journal.write(self.cfg.workdir, journal.Entry(

@@ -40,7 +40,7 @@ class Telemetry:
                                   "their episodes cannot start.", registry=reg)
 
     def evaluated(self, step: int, evaluation: dict[str, Any]) -> None:
-        """An evaluation outside any step (the starting policy's, `steps = 0`)."""
+        """An evaluation outside any step (the starting policy's, as step 0)."""
         self.eval.set(evaluation["success_rate"])
         self.log.info("learner.evaluated", step=step, success_rate=evaluation["success_rate"],
                       mean_score=evaluation["mean_score"], tasks=evaluation["task_count"])
