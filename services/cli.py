@@ -234,10 +234,10 @@ def run(
 
 @app.command()
 def ablate(
-    preset: str = typer.Option("smoke", help="The preset every arm overlays (smoke, demo, paper, or a YAML file)."),
+    preset: str = typer.Option("smoke", help="The preset every arm overlays (smoke, demo, study, paper, or a YAML file)."),
     arms: str = typer.Option("zero-shot,static,random,coevolve", help="Comma-separated arms: zero-shot, static, "
                              "random, coevolve, forgetting, boundary, rare, no-validation."),
-    seeds: int = typer.Option(2, help="Seeds per arm (0..N-1); the interval over seeds needs two or more."),
+    seeds: int = typer.Option(2, help="Seeds per arm (0..N-1); arms pair by (seed, held-out task)."),
     workdir: Path = typer.Option(Path(".coevolve-ablation"), help="Where each arm x seed runs "
                                  "(<arm>/seed-<s>/) and ablation.json, ablation.md and ablation.png go."),
     settings: Optional[list[str]] = typer.Option(None, "--set", help="Override one preset field for every arm: "

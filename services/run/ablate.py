@@ -8,9 +8,9 @@ policy is evaluated, not trained). Seeds set every seed of the run (`learner.see
 validator's engines, the random strategy's calls).
 
 A cell whose summary.json says `completed` is not run again, so an interrupted ablation resumes where
-it stopped. At the end `ablation.json` holds every run and each arm's mean and 95% interval over seeds
-(Student's t) of the last held-out evaluation, and `ablation.md` the table with the plot
-`ablation.png` (held-out score per step per arm).
+it stopped. At the end `ablation.json` holds every run, each arm's last held-out score and success as a
+mean over (seed, task) units with a 95% interval, and the paired comparisons of the arms (`paired.py`);
+`ablation.md` the table and `ablation.png` (held-out score per evaluated step per arm, with intervals).
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from coevolve.services.run.children import coevolve_command
+from coevolve.services.run.paired import mean_ci95, paired, units, verdict
 from coevolve.services.run.plan import _read, make_plan
 from coevolve.services.runtime.config import ConfigError, load
 
@@ -29,8 +30,9 @@ ARMS = Path(__file__).resolve().parent / "arms"
 BUDGET = ("run.steps", "learner.batch_tasks", "learner.group_size", "learner.eval_tasks", "learner.eval_every",
           "learner.eval_split")
 SEEDS = ("learner.seed", "explorer.seed", "explorer.random_seed", "validator.seed")
-# Student's t at 97.5% for 1..10 degrees of freedom; 1.96 beyond.
-T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+COMPARISONS = (("coevolve", "random"), ("coevolve", "static"), ("random", "static"), ("static", "zero-shot"),
+               ("coevolve", "zero-shot"))
+"""The paper's comparisons, each arm against the one below it, where both arms ran."""
 
 
 class AblationFailed(RuntimeError):
@@ -131,6 +133,8 @@ def collect(cell: Cell) -> dict[str, Any]:
             "synthesized_trained": summary.get("synthesized_trained"), "signals": summary["signals"],
             "wall_seconds": round(sum(summary["wall_seconds"].values()), 1),
             "evaluations": {e["step"]: e["mean_score"] for e in held_out},
+            "held_out": {e["step"]: dict(zip(e.get("task_ids") or (), e.get("scores") or ())) for e in held_out},
+            "calls_per_task": ((summary.get("task_shape") or {}).get("validated") or {}).get("mean_calls"),
             "origin": summary.get("origin") or {}, "targeting": summary.get("targeting") or {},
             "repair": summary.get("repair") or {}}
 
@@ -163,29 +167,22 @@ def mechanism(runs: list[dict]) -> dict[str, Any]:
     return {"origin": origin, "targeting": targeting, "repair": repaired}
 
 
-def mean_ci95(values: list[float]) -> tuple[float | None, list[float] | None]:
-    """Mean and Student-t 95% interval; no interval from one value."""
-    if not values:
-        return None, None
-    mean = sum(values) / len(values)
-    if len(values) < 2:
-        return mean, None
-    sd = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
-    t = T975[len(values) - 2] if len(values) - 1 <= len(T975) else 1.96
-    half = t * sd / len(values) ** 0.5
-    return mean, [mean - half, mean + half]
-
-
 def aggregate(preset: str, budget_: dict, rows: dict[str, list[dict]]) -> dict[str, Any]:
-    """The ablation.json document."""
+    """The ablation.json document: per arm its runs, mechanism and final held-out score and success over
+    (seed, task) units; the paired comparisons of `COMPARISONS`."""
     arms = []
     for arm, runs in rows.items():
         entry: dict[str, Any] = {"arm": arm, "runs": runs, **mechanism(runs)}
-        for key in ("eval_success", "eval_mean_score"):
-            mean, ci = mean_ci95([r[key] for r in runs if r[key] is not None])
-            entry[f"{key}_mean"], entry[f"{key}_ci95"] = mean, ci
+        final = units(runs)
+        entry["held_out_units"] = len(final)
+        for key, values in (("eval_mean_score", list(final.values())),
+                            ("eval_success", [float(v >= 1.0) for v in final.values()])):
+            entry[f"{key}_mean"], entry[f"{key}_ci95"] = mean_ci95(values)
         arms.append(entry)
-    return {"preset": preset, "budget": budget_, "arms": arms}
+    finals = {arm: units(runs) for arm, runs in rows.items()}
+    comparisons = [{"arm": a, "against": b, **paired(finals[a], finals[b])} for a, b in COMPARISONS
+                   if a in finals and b in finals]
+    return {"preset": preset, "budget": budget_, "arms": arms, "comparisons": comparisons}
 
 
 def _fmt(mean: float | None, ci: list[float] | None) -> str:
@@ -199,45 +196,39 @@ def _avg(values: list) -> str:
     return f"{sum(values) / len(values):.3g}" if values else "n/a"
 
 
-def separability(doc: dict[str, Any]) -> list[str]:
-    """For each arm against coevolve (or the first arm): are the held-out intervals apart?"""
-    arms = {a["arm"]: a for a in doc["arms"]}
-    base = arms.get("coevolve") or doc["arms"][0]
+def comparisons(doc: dict[str, Any]) -> list[str]:
+    """Each paired comparison in a line: the difference in held-out score, its interval, the verdict."""
     lines = []
-    for arm in doc["arms"]:
-        if arm is base:
-            continue
-        a, b = arm["eval_mean_score_ci95"], base["eval_mean_score_ci95"]
-        if a is None or b is None:
-            verdict = "one seed: no interval, not separable"
-        elif a[1] < b[0] or b[1] < a[0]:
-            verdict = "separable (the 95% intervals do not overlap)"
-        else:
-            verdict = "not separable at this budget (the 95% intervals overlap)"
-        lines.append(f"- {arm['arm']} vs {base['arm']}: {verdict}")
+    for c in doc.get("comparisons") or ():
+        interval = f" [{c['ci95'][0]:+.3f}, {c['ci95'][1]:+.3f}]" if c["ci95"] else ""
+        diff = f"{c['difference']:+.3f}" if c["difference"] is not None else "n/a"
+        lines.append(f"- {c['arm']} - {c['against']}: {diff}{interval} over {c['pairs']} (seed, task) pairs, "
+                     f"{c['discordant']} scored unlike; {verdict(c)}")
     return lines
 
 
 def markdown(doc: dict[str, Any]) -> str:
-    """The table as the paper lays it out: one row per arm, held-out score first."""
+    """The table as the paper lays it out: one row per arm, held-out score first, then the paired comparisons."""
     b = doc["budget"]
     seeds = max((len(a["runs"]) for a in doc["arms"]), default=0)
     head = [f"# Ablation: preset `{doc['preset']}`", "",
             f"Equal budget: {b['steps']} steps of B = {b['batch_tasks']} tasks x K = {b['group_size']} rollouts; "
             f"held-out evaluation on {b['eval_tasks'] or 'all'} `{b['eval_split']}` tasks; {seeds} seed(s) per arm. "
-            "Held-out columns: mean over seeds [95% interval, Student's t].", "",
-            "| arm | held-out success | held-out score | train reward (last step) | tasks validated | "
-            "signals (f/b/r) | wall time (s) |", "|---|---|---|---|---|---|---|"]
+            "Held-out columns: the last evaluation, mean over (seed, task) units [95% interval, Student's t].", "",
+            "| arm | held-out success | held-out score | units | train reward (last step) | tasks validated | "
+            "calls per task | signals (f/b/r) | wall time (s) |", "|---|---|---|---|---|---|---|---|---|"]
     rows = []
     for arm in doc["arms"]:
         runs = arm["runs"]
         signals = "/".join(_avg([r["signals"].get(k) for r in runs]) for k in ("forgetting", "boundary", "rare"))
         rows.append(f"| {arm['arm']} | {_fmt(arm['eval_success_mean'], arm['eval_success_ci95'])} | "
-                    f"{_fmt(arm['eval_mean_score_mean'], arm['eval_mean_score_ci95'])} | "
+                    f"{_fmt(arm['eval_mean_score_mean'], arm['eval_mean_score_ci95'])} | {arm['held_out_units']} | "
                     f"{_avg([r['train_reward_last'] for r in runs])} | {_avg([r['tasks_validated'] for r in runs])} | "
-                    f"{signals} | {_avg([r['wall_seconds'] for r in runs])} |")
-    return "\n".join([*head, *rows, "", "Separability of the held-out score:", *separability(doc), "",
-                      *mechanism_table(doc), "![held-out score per step](ablation.png)", ""])
+                    f"{_avg([r.get('calls_per_task') for r in runs])} | {signals} | "
+                    f"{_avg([r['wall_seconds'] for r in runs])} |")
+    return "\n".join([*head, *rows, "", "Paired differences of the held-out score (same seeds, same tasks):",
+                      *comparisons(doc), "", *mechanism_table(doc), "![held-out score per evaluation](ablation.png)",
+                      ""])
 
 
 def _counts(counts: dict[str, int]) -> str:
@@ -262,7 +253,8 @@ def mechanism_table(doc: dict[str, Any]) -> list[str]:
 
 
 def plot(doc: dict[str, Any], path: Path) -> None:
-    """Held-out score per step, mean over seeds, one line per arm; a tick at each evaluated step."""
+    """Held-out score at each evaluated step, one line per arm: the mean over (seed, task) units with its 95%
+    interval as an error bar."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -270,18 +262,24 @@ def plot(doc: dict[str, Any], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     evaluated: set[int] = set()
-    for arm in doc["arms"]:
+    for number, arm in enumerate(doc["arms"]):
         by_step: dict[int, list[float]] = {}
         for run in arm["runs"]:
-            for step, score in run["evaluations"].items():
-                by_step.setdefault(int(step), []).append(score)
+            for step, scores in (run.get("held_out") or {}).items():
+                if scores:  # a summary of an older version keeps no per-task scores
+                    by_step.setdefault(int(step), []).extend(scores.values())
         steps = sorted(by_step)
         evaluated.update(steps)
-        ax.plot(steps, [sum(by_step[s]) / len(by_step[s]) for s in steps], marker="o", label=arm["arm"])
+        stats = [mean_ci95(by_step[s]) for s in steps]
+        errors = [[m - ci[0] if ci else 0.0 for m, ci in stats], [ci[1] - m if ci else 0.0 for m, ci in stats]]
+        shift = (number - (len(doc["arms"]) - 1) / 2) * 0.06  # arms side by side at a shared step
+        ax.errorbar([s + shift for s in steps], [m for m, _ in stats], yerr=errors, marker="o", capsize=3,
+                    label=arm["arm"])
     ax.set_xticks(sorted(evaluated))
     ax.set_xlim(min(evaluated, default=0) - 0.5, max(evaluated, default=0) + 0.5)
     ax.set_ylim(-0.02, 1.02)
-    ax.set(xlabel="step", ylabel="held-out score (mean over seeds)", title=f"Ablation, preset {doc['preset']}")
+    ax.set(xlabel="step", ylabel="held-out score (mean over seed x task, 95% interval)",
+           title=f"Ablation, preset {doc['preset']}")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)

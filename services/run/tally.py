@@ -95,7 +95,7 @@ class Tally:
                 self.subject_scores[(str(task_id), int(e["step"]))] = float(score)
             return
         self.evaluations.append({k: e.get(k) for k in ("step", "split", "task_count", "success_rate", "mean_score",
-                                                       "policy_version", "duration_seconds")})
+                                                       "policy_version", "duration_seconds", "task_ids", "scores")})
 
     def _on_PolicyUpdated(self, e: dict) -> None:  # noqa: N802
         self.policy_updates[int(e["version"])] = {k: e.get(k) for k in ("step", "bytes", "seconds", "servers",

@@ -40,7 +40,7 @@ def test_ablate_runs_each_arm_at_equal_budget_and_a_second_call_runs_nothing_new
         summary = summaries[arm["arm"]] = json.loads((Path(run["workdir"]) / "summary.json").read_text())
         assert summary["state"] == "completed" and summary["steps"] == 3 and run["run_id"] == summary["run_id"]
         assert run["eval_mean_score"] == summary["evaluations"][-1]["mean_score"] == arm["eval_mean_score_mean"]
-        assert arm["eval_mean_score_ci95"] is None  # one seed
+        assert arm["held_out_units"] == 2  # one seed x the preset's 2 held-out tasks
         assert f"[{arm['arm']} seed 0] step 3/3" in first.stdout  # progress: arm, seed, step
     # static: its tasks were explored once, before training (step 0), and nothing during training.
     assert set(summaries["static"]["explorations"]) == {"static"}
@@ -52,7 +52,8 @@ def test_ablate_runs_each_arm_at_equal_budget_and_a_second_call_runs_nothing_new
     assert all(model and context == "" and signal is None for model, context, signal, _ in rows)
     assert not rows or sum(calls for *_, calls in rows) > 0  # explored only where the run raised signals
     table = (tmp_path / "ablation.md").read_text()
-    assert "| static |" in table and "| random |" in table and "one seed: no interval" in table
+    assert "| static |" in table and "| random |" in table and "- random - static: " in table
+    assert "over 2 (seed, task) pairs" in table and [c["pairs"] for c in doc["comparisons"]] == [2]
     assert (tmp_path / "ablation.png").stat().st_size > 0
 
     before = {arm: (tmp_path / arm / "seed-0" / "summary.json").stat().st_mtime_ns for arm in ("static", "random")}

@@ -158,20 +158,24 @@ def test_zero_steps_evaluate_the_starting_policy_once_and_train_nothing(bootstra
     assert read(bootstrap, [STEPS.name, TRAJECTORIES.name]) == []
 
 
-def test_the_subjects_of_the_signals_behind_pooled_tasks_are_evaluated_apart_from_the_held_out_split(
-        bootstrap, tmp_path):
-    subject = SeedPoolConfig(seed_tasks=3).tasks()[1].task_id
+def test_the_subjects_are_evaluated_from_step_0_apart_from_the_held_out_split(bootstrap, tmp_path):
+    seeds = SeedPoolConfig(seed_tasks=3).tasks()
     with EventProducer(bootstrap) as producer:
         producer.send(TASKS.name, {**task_checked("validated", "syn-from-signal", "run-sub"), "signal_ids": ["sig-1"],
-                                   "seed_task_id": subject}, key="syn-from-signal")
-        producer.send(TASKS.name, {**task_checked("validated", "syn-random", "run-sub"),
-                                   "seed_task_id": "multi_turn_base_9"}, key="syn-random")
+                                   "seed_task_id": "syn-named"}, key="syn-from-signal")
+        producer.send(TASKS.name, {**task_checked("validated", "syn-named", "run-sub"),
+                                   "seed_task_id": "multi_turn_base_9"}, key="syn-named")
         producer.flush()
-    learner(bootstrap, tmp_path, steps=2, run_id="run-sub", eval_every=2, eval_tasks=1, eval_subjects=True).run()
-    evaluations = {e["split"]: e for e in read(bootstrap, [EVALUATIONS.name])}
-    assert set(evaluations) == {"test", "subjects"} and evaluations["test"]["task_count"] == 1
-    subjects = evaluations["subjects"]
-    assert subjects["event_id"] == "eval-run-sub-2-subjects" and subjects["task_ids"] == [subject]
-    assert len(subjects["scores"]) == 1 and subjects["step"] == 2
+    learner(bootstrap, tmp_path, steps=2, run_id="run-sub", eval_every=2, eval_tasks=1, eval_subjects=True,
+            eval_at_start=True).run()
+    evaluations = {(e["split"], e["step"]): e for e in read(bootstrap, [EVALUATIONS.name])}
+    assert set(evaluations) == {("test", 0), ("subjects", 0), ("test", 2), ("subjects", 2)}
+    assert evaluations[("test", 0)]["task_count"] == 1 and evaluations[("test", 0)]["policy_version"] == 0
+    every_seed = sorted(t.task_id for t in seeds)
+    assert evaluations[("subjects", 0)]["task_ids"] == every_seed  # before any synthesized task joined the pool
+    subjects = evaluations[("subjects", 2)]
+    # every seed, then the synthesized task a signal named (syn-named, the subject of syn-from-signal's signal)
+    assert subjects["event_id"] == "eval-run-sub-2-subjects" and subjects["task_ids"] == every_seed + ["syn-named"]
+    assert len(subjects["scores"]) == 4 and subjects["step"] == 2
     (step,) = [s for s in read(bootstrap, [STEPS.name]) if s["step"] == 2]
-    assert step["eval_success"] == evaluations["test"]["success_rate"]  # the held-out figure, not the subjects'
+    assert step["eval_success"] == evaluations[("test", 2)]["success_rate"]  # the held-out figure, not the subjects'

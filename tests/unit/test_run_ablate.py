@@ -1,5 +1,5 @@
-"""`coevolve ablate`'s pieces: arms as overlays at equal budget, seeds, resumable cells, the interval over
-seeds, the table and its separability, the plot."""
+"""`coevolve ablate`'s pieces: arms as overlays at equal budget, seeds, resumable cells, held-out scores per
+(seed, task), the paired comparisons, the table and the plot."""
 import json
 
 import pytest
@@ -57,71 +57,68 @@ def test_an_arm_that_changes_the_budget_is_refused(monkeypatch, tmp_path):
         ablate.arm_overrides("bigger")
 
 
-def test_the_interval_is_students_t_over_seeds():
-    mean, ci = ablate.mean_ci95([0.2, 0.4])
-    assert mean == pytest.approx(0.3)
-    assert ci == pytest.approx([0.3 - 12.706 * 0.1, 0.3 + 12.706 * 0.1])  # sd 0.1414 / sqrt 2 = 0.1
-    assert ablate.mean_ci95([0.5]) == (0.5, None)
-    assert ablate.mean_ci95([]) == (None, None)
-
-
 def _summary(workdir, run_id, scores, validated=1, state="completed"):
+    """A run's summary whose held-out evaluations give `scores[step]`, a list of per-task scores of t0, t1..."""
     workdir.mkdir(parents=True)
     (workdir / "summary.json").write_text(json.dumps({
         "run_id": run_id, "state": state, "tasks_validated": validated, "synthesized_trained": 4 * validated,
         "signals": {"forgetting": 0, "boundary": 1, "rare": 3}, "train_reward": {"1": 0.1, "2": 0.25},
-        "wall_seconds": {"start": 10.0, "train": 50.5},
-        "evaluations": [{"step": s, "success_rate": v / 2, "mean_score": v} for s, v in scores.items()],
+        "wall_seconds": {"start": 10.0, "train": 50.5}, "task_shape": {"validated": {"mean_calls": 2.5}},
+        "evaluations": [{"step": s, "success_rate": sum(v == 1.0 for v in vs) / len(vs),
+                         "mean_score": sum(vs) / len(vs), "task_ids": [f"t{i}" for i in range(len(vs))],
+                         "scores": vs} for s, vs in scores.items()],
         "origin": {"validated": {"signal-guided": validated}, "trained": {"signal-guided": 1}},
         "targeting": {"signal-guided": {"tasks": validated, "targeted": 1, "share": 1 / validated}},
-        "repair": {"explored": {"measured": 1, "change": 0.5}, "not_explored": {"measured": 0, "change": None}}}))
+        "repair": {"before_step": 0, "after_step": 3, "explored": {"measured": 1, "change": 0.5},
+                   "not_explored": {"measured": 0, "change": None}}}))
 
 
-def test_a_finished_cell_is_collected_and_the_table_says_what_cannot_be_separated(tmp_path):
-    cells = {arm: [ablate.Cell(arm, s, tmp_path / arm / f"seed-{s}") for s in (0, 1)] for arm in ("random", "coevolve")}
-    _summary(cells["random"][0].workdir, "r0", {2: 0.2, 3: 0.3})
-    _summary(cells["random"][1].workdir, "r1", {2: 0.2, 3: 0.5})
-    _summary(cells["coevolve"][0].workdir, "c0", {2: 0.3, 3: 0.4}, validated=3)
-    _summary(cells["coevolve"][1].workdir, "c1", {2: 0.3, 3: 0.6}, state="failed")
-    assert cells["random"][0].finished() and not cells["coevolve"][1].finished()
-    assert not ablate.Cell("random", 5, tmp_path / "none").finished()
+BUDGET = {"steps": 3, "batch_tasks": 2, "group_size": 4, "eval_tasks": 4, "eval_every": 3, "eval_split": "test"}
 
-    row = ablate.collect(cells["random"][1])
-    assert row == {"seed": 1, "run_id": "r1", "workdir": str(cells["random"][1].workdir), "eval_success": 0.25,
-                   "eval_mean_score": 0.5, "train_reward_last": 0.25, "tasks_validated": 1, "synthesized_trained": 4,
-                   "signals": {"forgetting": 0, "boundary": 1, "rare": 3}, "wall_seconds": 60.5,
-                   "evaluations": {2: 0.2, 3: 0.5},
-                   "origin": {"validated": {"signal-guided": 1}, "trained": {"signal-guided": 1}},
-                   "targeting": {"signal-guided": {"tasks": 1, "targeted": 1, "share": 1.0}},
-                   "repair": {"explored": {"measured": 1, "change": 0.5}, "not_explored": {"measured": 0,
-                                                                                          "change": None}}}
-    rows = {"random": [ablate.collect(c) for c in cells["random"]],
-            "coevolve": [ablate.collect(cells["coevolve"][0]), ablate.collect(cells["coevolve"][0])]}
-    doc = ablate.aggregate("smoke", {"steps": 3, "batch_tasks": 2, "group_size": 4, "eval_tasks": 2,
-                                     "eval_every": 3, "eval_split": "test"}, rows)
-    random_arm = doc["arms"][0]
-    assert random_arm["arm"] == "random" and random_arm["eval_mean_score_mean"] == pytest.approx(0.4)
-    assert random_arm["eval_success_ci95"][0] < 0.2 < random_arm["eval_success_ci95"][1]
-    assert doc["arms"][1]["eval_mean_score_ci95"] == pytest.approx([0.4, 0.4])  # two equal seeds: no spread
+
+def test_a_finished_cell_is_collected_with_its_scores_per_task(tmp_path):
+    cell = ablate.Cell("random", 1, tmp_path / "random" / "seed-1")
+    _summary(cell.workdir, "r1", {0: [0.0, 0.0], 3: [1.0, 0.5]})
+    failed = ablate.Cell("coevolve", 1, tmp_path / "coevolve" / "seed-1")
+    _summary(failed.workdir, "c1", {3: [1.0]}, state="failed")
+    assert cell.finished() and not failed.finished() and not ablate.Cell("random", 5, tmp_path / "none").finished()
+    row = ablate.collect(cell)
+    assert row["held_out"] == {0: {"t0": 0.0, "t1": 0.0}, 3: {"t0": 1.0, "t1": 0.5}}
+    assert (row["eval_success"], row["eval_mean_score"], row["evaluations"]) == (0.5, 0.75, {0: 0.0, 3: 0.75})
+    assert (row["calls_per_task"], row["wall_seconds"], row["train_reward_last"]) == (2.5, 60.5, 0.25)
+
+
+def test_arms_pair_by_seed_and_task_and_the_table_says_what_the_design_resolves(tmp_path):
+    cells = {arm: [ablate.Cell(arm, s, tmp_path / arm / f"seed-{s}") for s in (0, 1)]
+             for arm in ("static", "coevolve")}
+    _summary(cells["static"][0].workdir, "s0", {0: [0.0] * 4, 3: [0.0, 0.0, 1.0, 0.0]})
+    _summary(cells["static"][1].workdir, "s1", {0: [0.0] * 4, 3: [0.0, 1.0, 0.0, 0.0]})
+    _summary(cells["coevolve"][0].workdir, "c0", {0: [0.0] * 4, 3: [1.0, 1.0, 1.0, 0.0]}, validated=3)
+    _summary(cells["coevolve"][1].workdir, "c1", {0: [0.0] * 4, 3: [1.0, 1.0, 1.0, 1.0]}, validated=3)
+    rows = {arm: [ablate.collect(c) for c in cs] for arm, cs in cells.items()}
+    doc = ablate.aggregate("smoke", BUDGET, rows)
+    static, coevolve = doc["arms"]
+    assert static["held_out_units"] == 8 and static["eval_mean_score_mean"] == pytest.approx(0.25)
+    assert coevolve["eval_success_mean"] == pytest.approx(7 / 8)
+    [comparison] = doc["comparisons"]
+    # pairs: seed 0 (+1, +1, 0, 0), seed 1 (+1, 0, +1, +1): mean 5/8
+    assert (comparison["arm"], comparison["against"], comparison["pairs"]) == ("coevolve", "static", 8)
+    assert comparison["difference"] == pytest.approx(5 / 8) and comparison["discordant"] == 5
+    assert comparison["ci95"][0] > 0 and comparison["detectable"] > 0
     table = ablate.markdown(doc)
-    assert "| random | 0.200 [" in table and "| coevolve | 0.200 [0.200, 0.200] | 0.400 [0.400, 0.400] |" in table
-    assert "- random vs coevolve: not separable at this budget (the 95% intervals overlap)" in table
-    coevolve = doc["arms"][1]  # two runs of 3 validated tasks, 1 of each on a weak spot's tools
-    assert coevolve["origin"] == {"validated": {"signal-guided": 6}, "trained": {"signal-guided": 2}}
-    assert coevolve["targeting"] == {"signal-guided": {"tasks": 6, "targeted": 2, "share": pytest.approx(1 / 3)}}
-    assert coevolve["repair"] == {"explored": {"measured": 2, "change": 0.5}, "not_explored": {"measured": 0,
-                                                                                              "change": None}}
-    assert ("| coevolve | 6 signal-guided | 2 signal-guided | signal-guided 2/6 | +0.500 (n=2) | n/a (n=0) |"
-            in table)
+    assert "| coevolve | 0.875 [" in table and "| 8 |" in table and "| 2.5 |" in table
+    assert "- coevolve - static: +0.625 [+0." in table and "resolved: above 0 at 95%" in table
+    assert doc["arms"][1]["origin"] == {"validated": {"signal-guided": 6}, "trained": {"signal-guided": 2}}
+    assert doc["arms"][1]["repair"] == {"explored": {"measured": 2, "change": 0.5},
+                                        "not_explored": {"measured": 0, "change": None}}
+    assert "| coevolve | 6 signal-guided | 2 signal-guided | signal-guided 2/6 | +0.500 (n=2) | n/a (n=0) |" in table
     ablate.plot(doc, tmp_path / "ablation.png")
     assert (tmp_path / "ablation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_one_seed_gives_no_interval_and_says_so(tmp_path):
+def test_arms_that_score_alike_on_every_pair_are_not_resolved_and_say_so(tmp_path):
     cell = ablate.Cell("random", 0, tmp_path / "random" / "seed-0")
-    _summary(cell.workdir, "r0", {3: 0.3})
-    doc = ablate.aggregate("smoke", {"steps": 3, "batch_tasks": 2, "group_size": 4, "eval_tasks": 0,
-                                     "eval_every": 3, "eval_split": "test"},
-                           {"coevolve": [ablate.collect(cell)], "random": [ablate.collect(cell)]})
-    assert doc["arms"][0]["eval_mean_score_ci95"] is None
-    assert "- random vs coevolve: one seed: no interval, not separable" in ablate.markdown(doc)
+    _summary(cell.workdir, "r0", {3: [0.0, 1.0]})
+    doc = ablate.aggregate("smoke", BUDGET, {"coevolve": [ablate.collect(cell)], "random": [ablate.collect(cell)]})
+    assert doc["comparisons"][0]["difference"] == 0.0
+    assert "every pair scored alike: no difference at this budget" in ablate.markdown(doc)

@@ -5,11 +5,20 @@ from coevolve.services.run.plan import make_plan, parse_override, preset_names
 from coevolve.services.runtime.config import ConfigError
 
 
-def test_the_three_presets_ship_and_load():
-    assert {"smoke", "demo", "paper"} <= set(preset_names())
-    for name in ("smoke", "demo", "paper"):
+def test_the_four_presets_ship_and_load():
+    assert {"smoke", "demo", "study", "paper"} <= set(preset_names())
+    for name in ("smoke", "demo", "study", "paper"):
         plan = make_plan(name)
         assert plan.preset == name and plan.run.steps >= 1
+
+
+def test_the_study_is_the_demo_loop_with_a_larger_held_out_evaluation_at_its_start_and_end():
+    demo, study = make_plan("demo").sections, make_plan("study").sections
+    assert study["learner"]["eval_tasks"] == 48 > demo["learner"]["eval_tasks"]
+    assert study["learner"]["eval_at_start"] and study["learner"]["eval_subjects"]
+    assert {k: v for k, v in study["learner"].items() if k != "eval_tasks"} == {
+        k: v for k, v in demo["learner"].items() if k != "eval_tasks"}
+    assert {k: v for k, v in study.items() if k != "learner"} == {k: v for k, v in demo.items() if k != "learner"}
 
 
 def test_paper_preset_holds_the_papers_settings():
