@@ -165,8 +165,10 @@ def repair_line(summary: dict[str, Any]) -> str:
     not explored 0.25 -> 0.25 (n 2)`, or why it is unmeasured."""
     repair = summary["repair"]
     groups = [(name, repair[key]) for name, key in (("explored subjects", "explored"), ("not explored", "not_explored"))]
+    subjects = sum(r["unmeasured"] + r["measured"] for _, r in groups)
+    if not subjects:
+        return "repair: no forgetting or boundary signal named a subject"
     if not any(r["measured"] for _, r in groups):
-        subjects = sum(r["unmeasured"] for _, r in groups)
         return (f"repair: unmeasured ({subjects} subjects; set learner.eval_at_start and learner.eval_subjects to "
                 "score them before and after)")
     parts = [f"{name} {r['score_before']:.2f} -> {r['score_after']:.2f} (n {r['measured']})" if r["measured"]

@@ -108,9 +108,10 @@ def group_schema(explorations: Sequence[Mapping[str, Any]], seed: Task, max_turn
 
 def explored_chains(explorations: Iterable[Mapping[str, Any]]) -> list[list[str]]:
     """Per exploration run (in round order), its calls that worked, in the order they ran. Each run starts
-    from the task's initial state and a failed call leaves the state as it was, so a chain replays from
-    that state with each call seeing what the calls before it made (cd, then ls there). A call repeated
-    at once is kept once."""
+    from the task's initial state, and BFCL's backends check a call before they change anything, so a
+    chain replays from that state with each call seeing what the calls before it made (cd, then ls
+    there); the executable stage replays it and rejects one that does not. A call repeated at once is
+    kept once."""
     chains = []
     for event in sorted(explorations, key=lambda e: int(e.get("round") or 0)):
         chain: list[str] = []

@@ -61,6 +61,8 @@ def test_without_a_subjects_evaluation_at_step_0_repair_is_unmeasured_and_says_h
                                       "change": None}
     assert repair_line({"repair": repair}) == ("repair: unmeasured (3 subjects; set learner.eval_at_start and "
                                                "learner.eval_subjects to score them before and after)")
+    assert repair_line({"repair": Mechanism({}, {}, {}, {}).repair()}) == (
+        "repair: no forgetting or boundary signal named a subject")
 
 
 def test_lineage_gives_each_task_its_parent_generation_signal_and_training_steps():
