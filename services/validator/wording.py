@@ -19,11 +19,14 @@ from coevolve.services.envs.calls import Call, parse_action
 
 _CALL = re.compile(r"\b[A-Za-z_]\w*\(")
 _ASSIGNMENT = re.compile(r"\b[A-Za-z_]\w*\s*=\s*[^\s=]")
+_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')
 
 
 def leaked_call(instruction: str, tools: Iterable[str] = ()) -> str:
     """Why `instruction` spells out a call: a function name followed by "(" (a tool's name even with a
-    space before it), or `name=value` syntax; "" when it reads as a request."""
+    space before it), or `name=value` syntax; "" when it reads as a request. Text in double quotes is a
+    value the user gives (a file's content may hold `x=1`) and is not read."""
+    instruction = _QUOTED.sub('""', instruction)
     names = sorted(set(tools), key=len, reverse=True)
     tool_call = re.compile(r"\b(?:" + "|".join(map(re.escape, names)) + r")\s*\(") if names else None
     found = (tool_call.search(instruction) if tool_call else None) or _CALL.search(instruction)

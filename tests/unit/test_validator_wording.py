@@ -27,6 +27,7 @@ def test_an_instruction_that_spells_out_a_call_is_caught_with_the_reason(instruc
     "Go into Documents and list everything there, hidden files included.",
     "Show the size in human-readable format (e.g., KB, MB) of the current folder.",
     "Is 3 == 3? Then touch a file named notes.txt.",
+    'Write content to a file (the content to write: "x=1, then f(2)"; the name of the file: "a=b.txt").',
 ])
 def test_a_request_in_words_passes(instruction):
     assert leaked_call(instruction, FS_TOOLS) == ""
