@@ -23,6 +23,11 @@ def _t(df: int) -> float:
     return T975[df - 1] if df <= len(T975) else 1.96
 
 
+def _standard_error(values: list[float], mean: float) -> float:
+    sd = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+    return sd / len(values) ** 0.5
+
+
 def mean_ci95(values: list[float]) -> tuple[float | None, list[float] | None]:
     """Mean and Student-t 95% interval; no interval from one value."""
     if not values:
@@ -30,19 +35,18 @@ def mean_ci95(values: list[float]) -> tuple[float | None, list[float] | None]:
     mean = sum(values) / len(values)
     if len(values) < 2:
         return mean, None
-    sd = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
-    half = _t(len(values) - 1) * sd / len(values) ** 0.5
+    half = _t(len(values) - 1) * _standard_error(values, mean)
     return mean, [mean - half, mean + half]
 
 
-def units(runs: Iterable[Mapping[str, Any]], step: str = "final") -> Units:
-    """The runs' held-out scores per (seed, task) at their `final` (last) or `first` evaluation."""
+def units(runs: Iterable[Mapping[str, Any]]) -> Units:
+    """The runs' held-out scores per (seed, task) at their last evaluation."""
     out: Units = {}
     for run in runs:
         evaluated = run.get("held_out") or {}
         if not evaluated:
             continue
-        at = (max if step == "final" else min)(evaluated, key=int)
+        at = max(evaluated, key=int)
         for task_id, score in evaluated[at].items():
             out[(int(run["seed"]), str(task_id))] = float(score)
     return out
@@ -52,12 +56,8 @@ def paired(a: Units, b: Units) -> dict[str, Any]:
     """a - b over the units both hold: pairs, mean difference, its 95% interval and the detectable difference."""
     diffs = [a[k] - b[k] for k in sorted(set(a) & set(b))]
     mean, ci = mean_ci95(diffs)
-    se = None
-    if len(diffs) > 1:
-        sd = (sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)) ** 0.5
-        se = sd / len(diffs) ** 0.5
     return {"pairs": len(diffs), "difference": mean, "ci95": ci,
-            "detectable": POWER_80 * se if se is not None else None,
+            "detectable": POWER_80 * _standard_error(diffs, mean) if len(diffs) > 1 else None,
             "discordant": sum(d != 0 for d in diffs)}
 
 

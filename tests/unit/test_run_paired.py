@@ -13,11 +13,10 @@ def test_the_interval_is_students_t_over_the_values():
     assert mean_ci95(big)[1][1] - 0.5 == pytest.approx(1.96 * (10 / 39) ** 0.5 / 40 ** 0.5)
 
 
-def test_units_are_the_final_or_first_evaluation_per_seed_and_task():
+def test_units_are_the_last_evaluation_per_seed_and_task():
     runs = [{"seed": 0, "held_out": {"0": {"a": 0.0}, "6": {"a": 1.0}}}, {"seed": 1, "held_out": {"6": {"a": 0.5}}},
             {"seed": 2, "held_out": {}}]
     assert units(runs) == {(0, "a"): 1.0, (1, "a"): 0.5}
-    assert units(runs, "first") == {(0, "a"): 0.0, (1, "a"): 0.5}
 
 
 def test_a_paired_difference_uses_only_shared_units_and_gives_the_detectable_difference():
