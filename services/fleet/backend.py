@@ -16,7 +16,8 @@ are dropped after `KEEPALIVE_S`, before the servers' own keep-alive (uvicorn's 5
 An update waits for the requests in flight, holds new ones, and per server pauses it, broadcasts the
 weights over a transfer group of its own (`weight_transfer`: this package's gloo engine on CPU, vLLM's
 nccl engine on GPUs; opened on first use, re-opened after a failure), finishes the update with the new
-version, resets its prefix cache and resumes it. A server whose gloo transfer fails keeps its old
+version, resets its prefix cache and resumes it, whatever the round's outcome (a server that cannot be
+resumed would hold its requests, so it is marked down). A server whose gloo transfer fails keeps its old
 weights and version, and its completions say so; it is retried at the next update. One whose nccl
 transfer fails may hold layers of two versions (vLLM loads each as it arrives): it is marked down, and
 the next update, which revives it, replaces every layer. One that dies inside a round fails it at once
@@ -46,6 +47,7 @@ from coevolve.services.runtime.ports import free_port
 # so a server it leaves half-way is taken out (marked down) until an update lands in full.
 OLD_WEIGHTS_KEPT = ("gloo",)
 REQUEST_RETRIES = 2  # times a request is sent again to a server that failed it but answers /health
+RESENDABLE = ("pause", "resume", "reset_prefix_cache")  # weight-sync routes that may safely run twice
 KEEPALIVE_S = 2.0  # an idle connection is not reused after this (vLLM's servers close theirs at 5 s)
 _HINT = ("start it with VLLM_SERVER_DEV_MODE=1 and --weight-transfer-config '{\"backend\": \"gloo\"}' "
          "(fleet.servers.LocalServers does)")
@@ -83,7 +85,18 @@ class _SyncClient:
         self.url = url
 
     def post(self, path: str, json: Any = None, params: dict | None = None) -> Any:
-        response = self.http.post(f"{self.url}/{path}", json=json, params=params)
+        """POST a route; one that may run twice (`RESENDABLE`) is sent again, `REQUEST_RETRIES` times at most,
+        when the server closed the keep-alive connection under it. A route that failed with an exception
+        answers 500 and then has uvicorn close the connection, so the next call often meets exactly that."""
+        import httpx
+
+        for attempt in itertools.count():
+            try:
+                response = self.http.post(f"{self.url}/{path}", json=json, params=params)
+                break
+            except httpx.RemoteProtocolError:
+                if path not in RESENDABLE or attempt >= REQUEST_RETRIES:
+                    raise
         if response.status_code >= 400:
             raise RuntimeError(f"{self.url}/{path}: HTTP {response.status_code}: {response.text[:500]}")
         return response.json() if response.content else None
@@ -402,10 +415,17 @@ class FleetBackend:
             server.engine = None
             raise
         finally:
-            try:
-                client.post("resume")
-            except Exception:
-                pass  # a server that is gone; the error that matters is the one above
+            self._resume(server, client)
+
+    def _resume(self, server: _Server, client: _SyncClient) -> None:
+        """Resume a server after its round, whatever the round's outcome. One that cannot be resumed would
+        hold every request sent to it until `server_timeout_s`, so it is taken out until an update revives
+        it (that update's round resumes it)."""
+        try:
+            client.post("resume")
+        except Exception as exc:
+            self._mark_down(server, f"it could not be resumed after a weight transfer ({type(exc).__name__}: "
+                            f"{exc})")
 
     def _engine(self, server: _Server, client: _SyncClient, source: Any) -> Any:
         """The learner's end of one server's transfer group: this package's gloo engine, or vLLM's nccl one

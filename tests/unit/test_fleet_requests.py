@@ -8,10 +8,11 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
+import torch
 
 from coevolve.services.agent.config import SamplingConfig
 from coevolve.services.agent.generation import BackendStats, Request
-from coevolve.services.fleet.backend import REQUEST_RETRIES, FleetBackend, FleetError, _Server
+from coevolve.services.fleet.backend import REQUEST_RETRIES, FleetBackend, FleetError, WeightTransferError, _Server
 from coevolve.services.fleet.config import FleetConfig
 
 CLOSED = "Server disconnected without sending a response."
@@ -85,3 +86,47 @@ def test_a_server_that_answers_but_fails_every_try_is_taken_out_after_the_retrie
     with pytest.raises(FleetError, match=CLOSED):
         generate(backend, http)
     assert http.posts == REQUEST_RETRIES + 1 and not backend.servers[0].up
+
+
+class Routes:
+    """One server's weight-sync routes: `resume` meets a closed connection `closed` times, then resumes."""
+
+    def __init__(self, closed):
+        self.closed, self.calls, self.paused = closed, [], False
+
+    def post(self, url, json=None, params=None):
+        path = url.rsplit("/", 1)[1]
+        self.calls.append(path)
+        if path == "resume" and self.closed:
+            self.closed -= 1
+            raise httpx.RemoteProtocolError(CLOSED)
+        self.paused = {"pause": True, "resume": False}.get(path, self.paused)
+        return SimpleNamespace(status_code=200, content=b"")
+
+    def get(self, url, timeout):
+        return Reply({})
+
+
+class BrokenRound:
+    def send_weights(self, version, source):
+        raise RuntimeError("Connection closed by peer")
+
+    def shutdown(self):
+        pass
+
+
+@pytest.mark.parametrize("closed", [1, REQUEST_RETRIES + 1])
+def test_a_server_is_resumed_after_a_broken_round_or_taken_out_never_left_paused(backend, closed):
+    """The failed round's route answers 500 and uvicorn then closes its connection, which the resume
+    that follows may be sent on. A server left paused holds every request until `server_timeout_s`."""
+    backend.dtype, backend._revive = "float32", lambda: None
+    backend.http = routes = Routes(closed)
+    backend.servers[0].engine = BrokenRound()
+    with pytest.raises(WeightTransferError, match="no server took version 4: .*Connection closed by peer"):
+        backend.update_weights([("w", torch.ones(2))])
+    server = backend.servers[0]
+    if closed <= REQUEST_RETRIES:
+        assert routes.calls == ["pause", "resume", "resume"] and not routes.paused and server.up
+    else:
+        assert routes.calls == ["pause"] + ["resume"] * (REQUEST_RETRIES + 1) and routes.paused
+        assert not server.up and "could not be resumed after a weight transfer" in server.error
