@@ -7,9 +7,10 @@ keeps one tool host, a child interpreter holding the instances of all its open w
 every request `limit_s` seconds. The host's address space is capped at `memory_mb` (RLIMIT_AS), so an
 allocation past it fails as that call's error.
 
-A request that runs past its limit, or a host that dies, ends the host. The call fails with no effect,
-and a new host rebuilds every other open workspace by replaying the calls it logged; a workspace whose
-replayed results differ from the logged ones is lost, and its episode ends with that reason.
+A request that runs past its limit, or a host that dies under it, ends the host. The call fails with no
+effect, and a new host rebuilds every other open workspace by replaying the calls it logged; a workspace
+whose replayed results differ from the logged ones is lost, and its episode ends with that reason. A host
+found dead before a request reaches it is replaced the same way, and the request goes to the new one.
 """
 from __future__ import annotations
 
@@ -46,6 +47,10 @@ class WorkspaceLost(RuntimeError):
 
 class _HostEnded(Exception):
     """The request ran past its limit, or the host died; the host is gone."""
+
+
+class _Undelivered(_HostEnded):
+    """The host had ended before the request reached it: the request did nothing and may be sent again."""
 
 
 @dataclass
@@ -119,21 +124,34 @@ class ToolHost:
     # The host process.
 
     def _ask(self, request: tuple) -> Any:
-        """One round trip. On a stall or a death: end the host, rebuild the open workspaces, raise."""
+        """One round trip. A host that ended before the request reached it (killed while idle: the OOM
+        killer, an operator) is replaced and the request sent to the new one: only a request that was
+        delivered and then stalled or died counts against its call or task. On that: end the host,
+        rebuild the open workspaces, raise."""
         if self._closed:
             raise RuntimeError("the tool host is closed: its command has ended")
-        if self._process is None:
-            self._start()
-        try:
-            return self._round_trip(request, self.limit_s)
-        except _HostEnded as exc:
-            self.restarts += 1
-            call = request[2].name if request[0] == "run" else None
-            log.warning("tool_host.ended", request=request[0], call=call, reason=str(exc), restarts=self.restarts,
-                        open_workspaces=len(self._logs))
-            self._end()
-            self._rebuild()
-            raise
+        for resend in (False, True):
+            if self._process is not None and self._process.poll() is not None:
+                self._restart(request, f"exited while idle (code {self._process.returncode})")
+            if self._process is None:
+                self._start()
+            try:
+                return self._round_trip(request, self.limit_s)
+            except _Undelivered as exc:
+                self._restart(request, str(exc))
+                if resend:
+                    raise _HostEnded(str(exc)) from None
+            except _HostEnded as exc:
+                self._restart(request, str(exc))
+                raise
+
+    def _restart(self, request: tuple, reason: str) -> None:
+        self.restarts += 1
+        call = request[2].name if request[0] == "run" else None
+        log.warning("tool_host.ended", request=request[0], call=call, reason=reason, restarts=self.restarts,
+                    open_workspaces=len(self._logs))
+        self._end()
+        self._rebuild()
 
     def _round_trip(self, request: tuple, limit_s: float) -> Any:
         freed = [self._collected.popleft() for _ in range(len(self._collected))]
@@ -144,6 +162,9 @@ class ToolHost:
             if freed:
                 self._send.send_bytes(pickle.dumps(("close", freed)))
             self._send.send_bytes(pickle.dumps(request))
+        except OSError:
+            raise _Undelivered("was not delivered: the tool host had exited") from None
+        try:
             if freed:
                 self._reply(limit_s)
             return self._reply(limit_s)
@@ -188,11 +209,14 @@ class ToolHost:
         """A new host with every open workspace replayed; one that cannot be rebuilt is lost."""
         pending = sorted(self._logs)
         while pending:
-            ws = pending[0]
+            ws = pending.pop(0)
+            entry = self._logs.get(ws)
+            if entry is None:  # freed by a request of this rebuild (`collect` runs on any thread)
+                continue
             if self._process is None:
                 self._start()
             try:
-                why = self._replay(ws, self._logs[ws])
+                why = self._replay(ws, entry)
             except _HostEnded as exc:
                 self._end()
                 why = f"replaying its calls {exc}"
@@ -201,9 +225,8 @@ class ToolHost:
             if why:
                 self._lost[ws] = why
                 self.lost += 1
-                self._logs.pop(ws)
+                self._logs.pop(ws, None)
                 log.warning("tool_host.workspace_lost", workspace=ws, reason=why)
-            pending.pop(0)
 
     def _replay(self, ws: int, entry: _Log) -> str | None:
         self._round_trip(("open", ws, entry.task), self.limit_s)

@@ -2,6 +2,7 @@
 host is replaced, open episodes keep their state through both, and one that cannot be rebuilt ends."""
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -48,17 +49,62 @@ def test_a_call_past_its_limit_fails_with_no_effect_and_every_open_episode_goes_
         assert done.success and not stalled.done
 
 
-def test_a_host_that_dies_is_replaced_and_open_episodes_keep_their_state():
+def test_a_host_killed_while_idle_is_replaced_and_no_call_or_task_takes_the_blame():
+    """The OOM killer or an operator kills the host between requests: the next call, and the next task
+    loaded, run on a new host; neither fails, so no seed task is dropped and no proposal rejected."""
     with bounded_tool_calls(LIMITS) as host:
         env = BfclEnv()
         env.reset(TASK)
         env.step("mkdir(dir_name='a')")
         first = host._process.pid
         os.kill(first, signal.SIGKILL)
-        assert "ended with the tool host" in _content(env.step("mkdir(dir_name='c')"))
-        assert host._process.pid != first and host.restarts == 1
+        host._process.wait()
+        assert _content(env.step("mkdir(dir_name='c')")) == "None"
+        assert host._process.pid != first and (host.restarts, host.stopped, host.lost) == (1, 0, 0)
+        assert _content(env.step("ls()")) == '{"current_directory_content": ["a", "c"]}'
+
+        second = host._process.pid
+        os.kill(second, signal.SIGKILL)
+        host._process.wait()
+        loaded = BfclEnv()
+        loaded.reset(TASK)  # before: InvalidTask, and the pool dropped the seed task for good
+        assert host._process.pid != second and host.restarts == 2
+        assert _content(loaded.step("mkdir(dir_name='a')")) == "None"
+        assert loaded.step("").info["verdict"]["passed"]
+
+
+def test_a_host_that_dies_under_a_call_fails_that_call_and_open_episodes_keep_their_state():
+    with bounded_tool_calls(LIMITS) as host:
+        env = BfclEnv()
+        env.reset(TASK)
+        env.step("mkdir(dir_name='a')")
+        first = host._process.pid
+        threading.Timer(0.5, os.kill, (first, signal.SIGKILL)).start()  # inside the 2 s the stall is given
+        result = env.step(STALL)
+        assert "ended with the tool host, which exited" in _content(result) and "had no effect" in _content(result)
+        assert host._process.pid != first and (host.restarts, host.stopped) == (1, 1)
         assert _content(env.step("ls()")) == '{"current_directory_content": ["a"]}'
         assert env.step("").info["verdict"]["passed"]
+
+
+def test_a_workspace_freed_while_the_host_rebuilds_is_skipped():
+    with bounded_tool_calls(LIMITS) as host:
+        kept, freed = BfclEnv(), BfclEnv()
+        kept.reset(TASK)
+        freed.reset(TASK)
+        kept.step("mkdir(dir_name='a')")
+        gone = freed.work.ws
+        replay = host._replay
+
+        def frees_the_other(ws, entry):  # the look-ahead thread drops its episode mid-rebuild
+            if ws != gone:
+                host.collect(gone)
+            return replay(ws, entry)
+
+        host._replay = frees_the_other
+        assert "ran past its limit" in _content(kept.step(STALL))  # before: KeyError out of the rebuild
+        assert gone not in host._logs and host.lost == 0
+        assert _content(kept.step("ls()")) == '{"current_directory_content": ["a"]}'
 
 
 def test_an_episode_whose_replay_differs_is_lost_and_ends_with_the_reason():
