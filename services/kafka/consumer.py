@@ -83,6 +83,7 @@ class EventConsumer:
         self.dead_lettered = 0
         self.commits_failed = 0
         self._group = group_id is not None
+        self._topics = list(topics)
         self._bootstrap = bootstrap
         common = dict(bootstrap_servers=bootstrap, enable_auto_commit=False,
                       auto_offset_reset="earliest" if from_beginning else "latest",
@@ -208,6 +209,11 @@ class EventConsumer:
             out += self.poll(0.2)
             behind = [tp for tp in behind if self._consumer.position(tp) < ends[(tp.topic, tp.partition)]]
         short = sorted({f"{tp.topic}:{tp.partition}" for tp in behind} | {f"{t}:{p}" for t, p in unprobed})
+        unlisted = [t for t in self._topics if not any(tp.topic == t for tp in parts)]
+        if unlisted and complete:  # a broker restarting, a missing Describe ACL, a topic not made yet
+            raise ReadShort(f"{self.service} was given no partition of {', '.join(unlisted)}: the broker at "
+                            f"{self._bootstrap} listed none within the metadata wait; check that the topic exists "
+                            "and that this client may describe it, then start again")
         if short and complete:
             raise ReadShort(f"{self.service} read {', '.join(short)} short of the end within {timeout_s:.0f} s "
                             f"(or its end could not be probed); check the broker at {self._bootstrap}, then "

@@ -5,7 +5,7 @@ import pytest
 
 from coevolve.services.agent.config import BackendConfig
 from coevolve.services.envs import bfcl_data
-from coevolve.services.kafka.consumer import ReadShort
+from coevolve.services.kafka.consumer import EventConsumer, ReadShort
 from coevolve.services.kafka.producer import EventProducer
 from coevolve.services.kafka.topics import TASKS
 from coevolve.services.validator.config import ValidatorServiceConfig, ValidatorSettings
@@ -67,3 +67,17 @@ def test_a_catalog_read_that_falls_short_refuses_to_start_instead_of_judging(boo
         assert validator.consumer is None and not validator.judged  # nothing polled, nothing judged
     finally:
         validator.finish()
+
+
+def test_a_catalog_read_given_no_partition_refuses_to_start(broker):
+    """A broker that lists no partition of coevolve.tasks within the metadata wait (restarting, a missing
+    Describe ACL, the topic not made yet) gives the catalog reader an empty assignment: the read fails,
+    instead of reading nothing and judging groups already judged."""
+    reader = EventConsumer(broker.bootstrap, [TASKS.name], service="validator-catalog", metadata_timeout_s=1.0)
+    try:
+        assert not reader.assigned()
+        with pytest.raises(ReadShort, match=r"validator-catalog was given no partition of coevolve.tasks"):
+            reader.read_to_end(5.0, complete=True)
+        assert reader.read_to_end(1.0) == []  # a read that may be short still returns what there is
+    finally:
+        reader.close()
