@@ -393,23 +393,30 @@ def env_score(
     calls: Optional[Path] = typer.Option(None, help="JSON list of turns, each a list of call strings."),
     batch: Optional[Path] = typer.Option(None, help='JSON lines {"task_id", "calls"} to score in order.'),
     output: Optional[Path] = typer.Option(None, help="With --batch: write results here, not to stdout."),
+    call_limit_s: float = typer.Option(10.0, help="Seconds one call may run (in a tool host of its own); past "
+                                       "it the call fails with no effect and scoring goes on."),
 ) -> None:
     """Score call sequences against a task's reference, as BFCL's multi-turn checker would."""
     import json
 
+    from coevolve.services.agent.config import EpisodeLimits
     from coevolve.services.envs.commands import CommandError, score_batch, score_one
+    from coevolve.services.envs.host import bounded_tool_calls
 
+    if call_limit_s <= 0:
+        raise typer.BadParameter("--call-limit-s must be positive: the calls scored are not this command's own")
     try:
-        if batch is not None and task_id is None and calls is None:
-            if output is None:
-                score_batch(env, batch, sys.stdout)
+        with bounded_tool_calls(EpisodeLimits(call_limit_s=call_limit_s)):
+            if batch is not None and task_id is None and calls is None:
+                if output is None:
+                    score_batch(env, batch, sys.stdout)
+                else:
+                    with output.open("w", encoding="utf-8") as out:
+                        score_batch(env, batch, out)
+            elif batch is None and task_id is not None and calls is not None:
+                print(json.dumps(score_one(env, task_id, calls)))
             else:
-                with output.open("w", encoding="utf-8") as out:
-                    score_batch(env, batch, out)
-        elif batch is None and task_id is not None and calls is not None:
-            print(json.dumps(score_one(env, task_id, calls)))
-        else:
-            raise CommandError("give --task-id ID --calls FILE, or --batch IN.jsonl [--output OUT.jsonl]")
+                raise CommandError("give --task-id ID --calls FILE, or --batch IN.jsonl [--output OUT.jsonl]")
     except CommandError as exc:
         raise typer.BadParameter(str(exc)) from None
 

@@ -1,14 +1,17 @@
-"""`coevolve env score` and `coevolve env show` through the real CLI app."""
+"""`coevolve env score` and `coevolve env show` through the real CLI app (score runs its calls in a tool host)."""
 from __future__ import annotations
 
 import json
+import time
 
+import pytest
 from typer.testing import CliRunner
 
 from coevolve.services.cli import app
 from coevolve.services.envs import bfcl_data
 from tests.cli_output import plain
 
+pytestmark = pytest.mark.integration
 runner = CliRunner()
 
 
@@ -73,3 +76,21 @@ def test_show_prints_turns_tools_and_reference():
     assert data["reference_solution"] == [list(t) for t in task.reference]
     assert data["added_tools"] == {"3": ["sort"]} and data["split"] in ("train", "test")
     assert invoke("env", "show", "--task-id", "multi_turn_base_999").exit_code == 2
+
+
+def test_score_bounds_every_call_it_did_not_write(tmp_path):
+    """A calls file is anyone's: a call that computes for minutes (10**(10**8) in one C call) is stopped at
+    --call-limit-s with no effect, and the score goes on."""
+    task = bfcl_data.get_task("multi_turn_base_31")  # MathAPI among its classes
+    stalled = tmp_path / "stalled.json"
+    first, *rest = [list(t) for t in task.reference]
+    stalled.write_text(json.dumps([["round_number(number=1, decimal_places=-100000000)", *first], *rest]))
+    started = time.monotonic()
+    result = invoke("env", "score", "--task-id", task.task_id, "--calls", str(stalled), "--call-limit-s", "2")
+    assert result.exit_code == 0, result.output
+    assert time.monotonic() - started < 60  # unbounded, the call alone runs past 90 s
+    out = json.loads(result.stdout)  # the tool host's restart is logged to stderr
+    assert len(out["turns"]) == len(task.turns) and time.monotonic() - started > 2  # it ran, up to its limit
+    assert out["turns"][1]["passed"]  # the calls after it ran on the rebuilt state
+    bad = invoke("env", "score", "--task-id", task.task_id, "--calls", str(stalled), "--call-limit-s", "0")
+    assert bad.exit_code != 0 and "--call-limit-s must be positive" in plain(bad.output)
