@@ -8,11 +8,13 @@ commits after the broker confirmed every re-publication: a second replay with th
 only the letters that arrived since, and one interrupted before its commit sends the same bytes again,
 which the consumers absorb as any redelivery.
 
-A letter's fields are written by whichever service rejected the input, so none is trusted as a target: a
-letter is replayed only when its payload decodes to the record type its source topic carries (a forged
-letter cannot move an exploration onto the signal topic). `coevolve.tasks` is what the learner trains on
-and only the validator writes it: its letters are held back unless the operator names the topic
-(`--topic coevolve.tasks`) and the letter came from the validator's own read of it. The learner rereads
+A letter's fields are written by whichever service rejected the input, and any client may write one, so
+none is trusted: a letter is replayed only when the record at its source topic, partition and offset is
+still on the broker and is its payload (the same bytes, or the same event re-encoded), and that payload
+decodes to the record type its source topic carries. A forged letter can therefore put back only what
+the topic already held, never new content. `coevolve.tasks` is what the learner trains on and only the
+validator writes it: its letters are held back unless the operator names the topic (`--topic
+coevolve.tasks`) and the letter came from the validator's own read of it. The learner rereads
 `coevolve.tasks` from its beginning at every start, so its letters on that topic need a restart, not a
 replay. Held letters are reported with the reason and their offsets committed like the others.
 """
@@ -26,6 +28,7 @@ from datetime import datetime, timezone
 
 from coevolve.schemas import DecodeError, default_registry
 from coevolve.services.kafka.consumer import Delivered, EventConsumer
+from coevolve.services.kafka.offsets import true_end_offsets
 from coevolve.services.kafka.producer import EventProducer
 from coevolve.services.kafka.topics import CATALOG, DEADLETTER, TASKS
 
@@ -118,6 +121,61 @@ def held_back(letter: dict, topic: str | None) -> str | None:
     return None
 
 
+def unproven(letter: dict, record: bytes | None) -> str | None:
+    """Why the record found at the letter's source position (None: none there) does not prove the letter's
+    payload, or None when it does."""
+    where = f"{letter['source_topic']}:{letter['source_partition']}@{letter['source_offset']}"
+    if record is None:
+        return f"no record is at {where} any more (retention or compaction), so nothing proves its payload"
+    payload = bytes(letter["payload"])
+    if record == payload:
+        return None
+    registry = default_registry()
+    try:
+        if registry.decode(record) == registry.decode(payload):  # rejected events are re-encoded
+            return None
+    except DecodeError:
+        pass
+    return f"its payload is not the record at {where}: a letter may only put back what its topic held"
+
+
+def _records_at(bootstrap: str, letters: list[dict], timeout_s: float = 10.0) -> dict[tuple, bytes]:
+    """The records at the letters' source positions that are still on the broker, by (topic, partition, offset)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    from coevolve.services.kafka.security import KafkaSecurity
+
+    wanted: dict[TopicPartition, set[int]] = {}
+    for letter in letters:
+        tp = TopicPartition(str(letter["source_topic"]), int(letter["source_partition"]))
+        wanted.setdefault(tp, set()).add(int(letter["source_offset"]))
+    found: dict[tuple, bytes] = {}
+    if not wanted:
+        return found
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                             client_id="coevolve-deadletters-proof",
+                             **KafkaSecurity.from_environment().kafka_python_options())
+    try:
+        consumer.assign(list(wanted))
+        reported = consumer.end_offsets(list(wanted))
+        ends = true_end_offsets(bootstrap, {(tp.topic, tp.partition): reported[tp] for tp in wanted})
+        for tp, offsets in wanted.items():
+            first, last = min(offsets), min(max(offsets) + 1, ends[(tp.topic, tp.partition)] or 0)
+            if first >= last:
+                continue
+            consumer.pause(*[other for other in wanted if other != tp])
+            consumer.resume(tp)
+            consumer.seek(tp, first)
+            deadline = time.monotonic() + timeout_s
+            while consumer.position(tp) < last and time.monotonic() < deadline:
+                for message in consumer.poll(timeout_ms=200).get(tp, []):
+                    if message.offset in offsets:
+                        found[(tp.topic, tp.partition, message.offset)] = message.value
+        return found
+    finally:
+        consumer.close()
+
+
 @dataclass
 class Replayed:
     """The letters a replay sent, and those it held back with the reason."""
@@ -145,8 +203,10 @@ def replay(bootstrap: str, error_type: str, service: str | None = None, topic: s
         chosen = list({str(i.event["event_id"]): i.event for i in taken
                        if i.name == "DeadLettered" and _matches(i.event, error_type, service, topic)}.values())
         out = Replayed()
+        records = _records_at(bootstrap, [letter for letter in chosen if held_back(letter, topic) is None])
         for letter in chosen:
-            why = held_back(letter, topic)
+            position = (str(letter["source_topic"]), int(letter["source_partition"]), int(letter["source_offset"]))
+            why = held_back(letter, topic) or unproven(letter, records.get(position))
             if why is not None:
                 out.held.append((letter, why))
                 continue

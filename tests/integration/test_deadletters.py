@@ -62,19 +62,34 @@ def test_a_redelivered_bad_input_is_one_letter_listed_and_replayed_once(bootstra
 
 
 def test_a_forged_letter_does_not_reach_the_task_stream_and_the_validators_own_goes_back_when_named(bootstrap):
-    verdict = default_registry().encode("TaskChecked", sample_events()["TaskChecked"])
-    forged = dead_letter(TASKS.name, 0, 0, b"t", verdict, "invalid", "forged", "explorer")
-    own = dead_letter(TASKS.name, 0, 1, b"t", verdict, "invalid", "catalog", "validator-catalog")
+    """Any client may write a letter, and may claim to be the validator: only a payload that the record at the
+    letter's source position proves goes back, so a replay never puts new content on coevolve.tasks."""
+    registry = default_registry()
+    verdict = registry.encode("TaskChecked", sample_events()["TaskChecked"])
+    invented = registry.encode("TaskChecked", {**sample_events()["TaskChecked"], "task_id": "invented",
+                                               "verdict": "validated", "reason": "trust me"})
     with EventProducer(bootstrap) as producer:
-        for letter in (forged, own):
+        producer.send_raw(TASKS.name, verdict, b"t", "v")
+    (held,) = read_topic(bootstrap, TASKS.name)
+    at = (TASKS.name, held.partition, held.offset)
+    forged = dead_letter(*at, b"t", verdict, "invalid", "forged", "explorer")
+    claimed = dead_letter(*at, b"t", invented, "invalid", "catalog", "validator")  # claims to be the validator
+    nowhere = dead_letter(TASKS.name, held.partition, held.offset + 5, b"t", verdict, "invalid", "catalog",
+                          "validator-catalog")
+    own = dead_letter(*at, b"t", verdict, "invalid", "catalog", "validator-catalog")
+    with EventProducer(bootstrap) as producer:
+        for letter in (forged, claimed, nowhere, own):
             producer.send(DEADLETTER.name, letter, key=TASKS.name)
     unnamed = CliRunner().invoke(app, ["deadletters", "replay", "--reason", "invalid", "--bootstrap", bootstrap])
     assert unnamed.exit_code == 0 and "replayed 0 dead letter(s)" in plain(unnamed.output)
-    assert plain(unnamed.output).count("held back") == 2
+    assert plain(unnamed.output).count("held back") == 4
     named = replay(bootstrap, "invalid", topic=TASKS.name)
     assert [s["event_id"] for s in named.sent] == [own["event_id"]]
-    assert [letter["event_id"] for letter, _ in named.held] == [forged["event_id"]]
-    assert _raw(bootstrap, TASKS.name, expected=1, partitions=TASKS.partitions) == [verdict]
+    why = {letter["event_id"]: reason for letter, reason in named.held}
+    assert "validator's output" in why[forged["event_id"]]
+    assert "is not the record at" in why[claimed["event_id"]]
+    assert "no record is at" in why[nowhere["event_id"]]
+    assert _raw(bootstrap, TASKS.name, expected=2, partitions=TASKS.partitions) == [verdict, verdict]
 
 
 def _raw(bootstrap: str, topic: str, expected: int, partitions: int = 1) -> list[bytes]:

@@ -49,3 +49,19 @@ def test_the_validators_own_task_letter_goes_back_only_when_the_operator_names_t
     own = letter(TASKS.name, "TaskChecked", "validator-catalog")
     assert "--topic coevolve.tasks" in held_back(own, None)
     assert held_back(own, TASKS.name) is None
+
+
+def test_a_letter_is_proven_only_by_the_record_at_its_source_position():
+    from coevolve.services.kafka.deadletters import unproven
+
+    registry = default_registry()
+    own = letter(TASKS.name, "TaskChecked", "validator-catalog")
+    record = bytes(own["payload"])
+    assert unproven(own, record) is None
+    name, event = registry.decode(record)
+    reencoded = dict(own, payload=registry.encode(name, event))  # a rejected event is re-encoded
+    assert unproven(reencoded, record) is None
+    invented = letter(TASKS.name, None, "validator", registry.encode("TaskChecked", {**event, "task_id": "invented"}))
+    assert "is not the record at coevolve.tasks:0@7" in unproven(invented, record)
+    assert "no record is at coevolve.tasks:0@7 any more" in unproven(own, None)
+    assert "is not the record" in unproven(letter(STEPS.name, None, "explorer", b"not avro"), b"other bytes")
