@@ -14,7 +14,7 @@ from pathlib import Path
 
 from coevolve.services.runtime.logfiles import rotate
 from coevolve.services.runtime.ports import free_port
-from coevolve.services.runtime.processes import kill_tree, tree
+from coevolve.services.runtime.processes import kill_tree, session, tree
 
 
 class ChildFailed(RuntimeError):
@@ -62,7 +62,8 @@ class Child:
         return self
 
     def restart(self) -> "Child":
-        """Start again, with `rerun_args` from now on."""
+        """Start again, with `rerun_args` from now on, once what the last process left is gone."""
+        self.kill()
         self.args = [*self.args, *(a for a in self.rerun_args if a not in self.args)]
         return self.start()
 
@@ -99,27 +100,38 @@ class Child:
     def kill(self) -> None:
         """SIGKILL the process and everything below it, in its session or not (torchrun's ranks, a model
         server's engine), and wait until all of it is gone: a replacement never meets the old tree."""
-        if self.process is not None and self.process.poll() is None:
-            below = tree(self.process.pid)
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            below = self._below()
             try:
                 os.killpg(self.process.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass  # it exited in between
             self.process.wait()
             self._reap(below)
+        else:
+            self._reap(session(self.process.pid))  # what it left behind when it exited (a crashed learner's ranks)
 
     def stop(self, timeout_s: float = 60.0) -> int | None:
         """SIGTERM, wait, then SIGKILL; whatever it started and left behind is killed too. The exit code."""
-        if self.process is None or self.process.poll() is not None:
+        if self.process is None:
+            return None
+        if self.process.poll() is not None:
+            self._reap(session(self.process.pid))  # it exited on its own: what it left in its session goes too
             return self.exit_code
-        below = tree(self.process.pid)
+        below = self._below()
         self.process.send_signal(signal.SIGTERM)
         try:
             self.process.wait(timeout_s)
         except subprocess.TimeoutExpired:
             self.kill()
-        self._reap(below)
+        self._reap({**below, **session(self.process.pid)})
         return self.exit_code
+
+    def _below(self) -> dict[int, str]:
+        """Everything the running process started: its tree, across sessions, and its session's members."""
+        return {**session(self.process.pid), **tree(self.process.pid)}
 
     def _reap(self, below: dict[int, str]) -> None:
         left = kill_tree(below)

@@ -45,6 +45,21 @@ def tree(pid: int) -> dict[int, str]:
     return found
 
 
+def session(sid: int) -> dict[int, str]:
+    """Every live process of session `sid` but its leader (a child started in a session of its own leaves
+    its processes there when it exits): pid -> start time."""
+    found: dict[int, str] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        pid = int(stat.parent.name)
+        if int(fields[3]) == sid and pid != sid and fields[0] not in ("Z", "X"):
+            found[pid] = fields[19]
+    return found
+
+
 def kill_tree(processes: dict[int, str], timeout_s: float = 30.0) -> list[int]:
     """SIGKILL the processes of a `tree` (those still the same processes) and wait until they are gone; the
     pids still there after `timeout_s`."""

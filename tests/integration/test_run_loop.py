@@ -230,3 +230,36 @@ def test_a_stopped_or_killed_child_leaves_nothing_it_started_even_in_another_ses
     else:
         child.kill()
     assert child.exit_code is not None and not _alive(helper)
+
+
+LEAVES = """
+import subprocess, sys
+helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # in the child's session
+open(sys.argv[1], "w").write(str(helper.pid))
+sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("how", ["stop", "kill", "restart"])
+def test_a_child_that_exited_on_its_own_leaves_nothing_in_its_session(tmp_path, how):
+    """A crashed learner's ranks and model servers outlive it in its session: stopping, killing or restarting
+    the exited child reaps them instead of leaving them to PR_SET_PDEATHSIG."""
+    marker = tmp_path / "helper.pid"
+    child = Child("learner", [str(marker)], {}, tmp_path / "learner.log", program=[sys.executable, "-c", LEAVES])
+    child.start()
+    deadline = time.monotonic() + 30
+    while child.exit_code is None:
+        assert time.monotonic() < deadline, child.log_tail()
+        time.sleep(0.05)
+    helper = int(marker.read_text())
+    assert child.exit_code == 3 and _alive(helper)
+    if how == "stop":
+        assert child.stop() == 3
+    elif how == "kill":
+        child.kill()
+    else:
+        marker.unlink()
+        child.restart()
+    assert not _alive(helper)
+    if how == "restart":
+        child.stop(timeout_s=5.0)
