@@ -12,7 +12,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from coevolve.services.runtime.logfiles import rotate
+from coevolve.services.runtime.logfiles import rotate, rotate_open
 from coevolve.services.runtime.ports import free_port
 from coevolve.services.runtime.processes import kill_tree, session, tree
 
@@ -60,6 +60,10 @@ class Child:
             self.process = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT,
                                             start_new_session=True, env={**os.environ, **self.env})
         return self
+
+    def bound_log(self) -> bool:
+        """Rotate the log of the running process when it is past its limit (the run calls it as it tends)."""
+        return rotate_open(self.log_path)
 
     def restart(self) -> "Child":
         """Start again, with `rerun_args` from now on, once what the last process left is gone."""

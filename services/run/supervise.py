@@ -118,12 +118,13 @@ class Supervisor:
         return cls(children, RestartPolicy.of(run), dict(run.liveness_s), run.start_timeout_s)
 
     def tend(self, names: Iterable[str]) -> None:
-        """Once for each named child: start it if its backoff is over, probe it if it is due, kill it if it
-        failed its liveness, and schedule the restart of one that exited; raise ChildFailed for a child
-        past its restart budget."""
+        """Once for each named child: bound its log, start it if its backoff is over, probe it if it is due,
+        kill it if it failed its liveness, and schedule the restart of one that exited; raise ChildFailed
+        for a child past its restart budget."""
         now = self.clock()
         for name in names:
             child = self.children[name]
+            child.bound_log()
             if name in self.due:
                 if now >= self.due[name]:
                     del self.due[name]

@@ -2,7 +2,7 @@
 of per-start server logs keeps its newest."""
 import os
 
-from coevolve.services.runtime.logfiles import prune, rotate
+from coevolve.services.runtime.logfiles import prune, rotate, rotate_open
 
 
 def test_a_log_over_its_limit_is_rotated_at_start_and_the_oldest_dropped(tmp_path):
@@ -28,3 +28,22 @@ def test_a_folder_of_per_start_logs_keeps_its_newest(tmp_path):
     removed = prune(tmp_path, "vllm-server-*.log", keep=2)
     assert sorted(p.name for p in removed) == [f"vllm-server-{4000 + n}.log" for n in range(3)]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other.txt", "vllm-server-4003.log", "vllm-server-4004.log"]
+
+
+def test_a_log_still_written_is_copied_aside_and_truncated_and_its_writer_goes_on_at_the_start(tmp_path):
+    """A service runs for days with its log open: the run rotates it in place as it tends the service."""
+    log = tmp_path / "explorer.log"
+    writer = open(log, "ab", buffering=0)  # as Child.start opens it for the process
+    try:
+        writer.write(b"old line\n" * 4)
+        assert not rotate_open(log, max_bytes=100) and log.stat().st_size == 36
+        writer.write(b"old line\n" * 20)
+        assert rotate_open(log, max_bytes=100, keep=2)
+        assert (tmp_path / "explorer.log.1").read_bytes() == b"old line\n" * 24 and log.stat().st_size == 0
+        writer.write(b"new line\n")
+        assert log.read_bytes() == b"new line\n"  # appended at the start, no hole of zeros before it
+        writer.write(b"x" * 200)
+        assert rotate_open(log, max_bytes=100, keep=2)
+        assert (tmp_path / "explorer.log.2").read_bytes() == b"old line\n" * 24
+    finally:
+        writer.close()

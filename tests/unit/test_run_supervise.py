@@ -59,6 +59,7 @@ class FakeChild:
     starts: int = 0
     probes: int = 0
     killed: bool = False
+    log_bounds: int = 0
     log_path: Path = Path("/nonexistent/fake.log")
 
     @property
@@ -75,6 +76,10 @@ class FakeChild:
 
     def kill(self):
         self.code, self.killed = -9, True
+
+    def bound_log(self):
+        self.log_bounds += 1
+        return False
 
     def last_line(self):
         return f"last words of {self.name}"
@@ -182,6 +187,7 @@ def test_probes_are_spaced_by_probe_every_s():
         clock.now = step * 0.5
         sup.tend(["streams"])
     assert child.probes == 10  # 50 s at one probe per 5 s
+    assert child.log_bounds == 100  # its log is bounded at every tend, probed or not
 
 
 def test_a_service_that_never_answers_ready_is_killed_after_the_start_timeout():
