@@ -228,8 +228,10 @@ def test_the_static_wait_ends_when_the_static_tasks_of_this_run_have_verdicts():
     from coevolve.services.kafka.consumer import Delivered
     from coevolve.services.learner.loop.feed import TaskFeed
 
+    offsets = iter(range(100))
+
     def checked(task_id, run_id="r", step=0):
-        return Delivered("coevolve.tasks", 0, 0, task_id.encode(), "TaskChecked",
+        return Delivered("coevolve.tasks", 0, next(offsets), task_id.encode(), "TaskChecked",
                          {**verdict(task_id), "run_id": run_id, "step": step})
 
     class Consumer:
@@ -273,7 +275,11 @@ def test_a_feed_whose_reader_fails_makes_the_learner_unhealthy_and_a_stopped_one
         def close(self):
             pass
 
+    from coevolve.services.learner.loop import feed
+
     monkeypatch.setattr(learner_service, "tasks_consumer", lambda bootstrap: Broken)
+    monkeypatch.setattr(feed, "OUTAGE_S", 0.5)  # it reads again through a shorter outage (the next test)
+    monkeypatch.setattr(feed, "RETRY_S", (0.05, 0.1))
     service = Learner(LearnerSettings(LearnerConfig(workdir=tmp_path),
                                       backend=BackendConfig(model="tiny-random", backend="transformers")))
     service.pool = pool()
@@ -288,6 +294,60 @@ def test_a_feed_whose_reader_fails_makes_the_learner_unhealthy_and_a_stopped_one
     service.feed.stop()  # a feed stopped on purpose (the static sampler's freeze) is no failure
     ok, details = service.health()
     assert ok and details["failures"] == []
+
+
+def test_a_broker_error_does_not_end_the_feed_and_nothing_is_offered_or_lost_twice(monkeypatch):
+    """A broker restart under the feed, or a dead letter it cannot flush, reads the topic again from the
+    beginning with a new consumer: every verdict is offered once, and the letter lost with the broker is
+    written again."""
+    import threading
+    import time
+
+    from coevolve.services.kafka.consumer import Delivered
+    from coevolve.services.learner.loop import feed as feed_module
+    from coevolve.services.learner.loop.feed import TaskFeed
+
+    monkeypatch.setattr(feed_module, "RETRY_S", (0.01, 0.02))
+    topic = [Delivered("coevolve.tasks", 0, 0, b"syn-1", "TaskChecked", verdict("syn-1")),
+             Delivered("coevolve.tasks", 0, 1, b"k", "ExplorationRecorded", {"event_id": "e"}),
+             Delivered("coevolve.tasks", 0, 2, b"syn-2", "TaskChecked", verdict("syn-2"))]
+    letters, made, done = [], [], threading.Event()
+
+    class Consumer:
+        """The first reader's letter is not confirmed, the second meets a restarting broker, the third works."""
+
+        def __init__(self):
+            self.deadletters, self.dead_lettered, self.queued = self, 0, []
+            self.polls = [topic[:2], topic[2:]] if not made else [topic]
+            made.append(self)
+
+        def poll(self, timeout_s):
+            if len(made) == 2:
+                raise ConnectionError("the broker restarted")
+            if not self.polls:
+                done.set()
+            return self.polls.pop(0) if self.polls else []
+
+        def reject(self, item, error_type, reason):
+            self.dead_lettered += 1
+            self.queued.append(item.offset)
+
+        def flush(self):
+            if len(made) == 1:
+                raise ConnectionError("the letter was not confirmed")
+            letters.extend(self.queued)
+            self.queued.clear()
+
+        def close(self):
+            pass
+
+    p = pool()
+    feed = TaskFeed(Consumer, p, poll_s=0.01).start()
+    assert done.wait(10.0)
+    feed.stop()
+    assert len(made) == 3 and feed.retries == 2 and feed.failure() is None and feed.error is None
+    assert feed.received == 2 and p.pending == 2  # syn-1 and syn-2, each offered once
+    assert letters == [1]  # written by the third reader: the first one's was lost with its broker
 
 
 def test_the_subjects_are_every_seed_and_the_synthesized_tasks_a_signal_named_across_a_restore():

@@ -2,14 +2,16 @@
 
 It follows the compacted topic in a background thread, with no consumer group (the catalog is rebuilt at
 every start), and only buffers what arrives (`TaskPool.offer`); the pool takes it in between steps
-(`TaskPool.refresh`, sampler.py).
+(`TaskPool.refresh`, sampler.py). A broker error (a restart, a failed dead-letter flush) does not end it:
+it reads again from the beginning with a new consumer, skipping what it already offered, until the
+broker has been unreachable for `OUTAGE_S`; only then does the learner's /healthz report it.
 """
 from __future__ import annotations
 
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from coevolve.services.kafka.topics import TASKS
@@ -32,15 +34,23 @@ def tasks_consumer(bootstrap: str) -> Callable[[], Any]:
 
     return consumer
 
+OUTAGE_S = 120.0  # how long the feed reads again through broker errors before it reports itself stopped
+RETRY_S = (0.5, 10.0)  # the first wait before reading again, and the longest (doubling in between)
+
+
 class TaskFeed:
     """A daemon thread reading `coevolve.tasks` from the beginning into `pool.offer`; what is not a
     `TaskChecked` (or does not decode) goes to the consumer's dead letters, sent by a producer of its own."""
 
-    def __init__(self, make_consumer: Callable[[], Any], pool: TaskPool, poll_s: float = 0.2):
+    def __init__(self, make_consumer: Callable[[], Any], pool: TaskPool, poll_s: float = 0.2,
+                 outage_s: float | None = None):
         self.make_consumer, self.pool, self.poll_s = make_consumer, pool, poll_s
+        self.outage_s = OUTAGE_S if outage_s is None else outage_s
         self.received = 0
+        self.retries = 0
         self.verdicts: Counter = Counter()  # (run id, step proposed at) -> verdicts read
         self.error: str | None = None
+        self._handled: set[tuple[str, int, int]] = set()  # (topic, partition, offset) offered or dead-lettered
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="learner-task-feed", daemon=True)
 
@@ -49,29 +59,54 @@ class TaskFeed:
         return self
 
     def _run(self) -> None:
-        consumer, flushed = None, 0
-        try:
-            consumer = self.make_consumer()
-            while not self._stop.is_set():
-                for item in consumer.poll(self.poll_s):
-                    if item.name == "TaskChecked":
-                        self.pool.offer(item.event, Origin(item.topic, item.partition, item.offset, item.key))
-                        self.received += 1
-                        self.verdicts[(str(item.event["run_id"]), int(item.event["step"]))] += 1
-                    else:
-                        consumer.reject(item, "invalid", f"{item.name} on {item.topic}: the learner takes only "
-                                                         "TaskChecked events from it")
-                if consumer.dead_lettered != flushed and consumer.deadletters is not None:
-                    consumer.deadletters.flush()  # undecodable or foreign events, dead-lettered as read
-                    flushed = consumer.dead_lettered
-        except Exception as exc:  # /healthz turns unhealthy (`failure`): the supervisor restarts the learner
-            self.error = f"{type(exc).__name__}: {exc}"
-            log.error("sampler.feed_failed", error=self.error)
-        finally:
-            if consumer is not None:
-                consumer.close()
-                if consumer.deadletters is not None:
-                    consumer.deadletters.close()
+        failing_since, wait_s = None, RETRY_S[0]
+        while not self._stop.is_set():
+            consumer = None
+            try:
+                consumer = self.make_consumer()
+                for _ in self._follow(consumer):
+                    failing_since, wait_s = None, RETRY_S[0]
+                return
+            except Exception as exc:  # past the outage, /healthz turns unhealthy (`failure`): a restart
+                error = f"{type(exc).__name__}: {exc}"
+                failing_since = failing_since or time.monotonic()
+                if time.monotonic() - failing_since >= self.outage_s:
+                    self.error = error
+                    log.error("sampler.feed_failed", error=error, outage_s=self.outage_s)
+                    return
+                self.retries += 1
+                log.warning("sampler.feed_retry", error=error, retry_in_s=wait_s)
+            finally:
+                if consumer is not None:
+                    _close(consumer)
+            self._stop.wait(wait_s)
+            wait_s = min(2 * wait_s, RETRY_S[1])
+
+    def _follow(self, consumer: Any) -> Iterator[None]:
+        """Read until stopped, yielding after each poll that worked. What was offered before is skipped; a
+        dead-lettered event counts as handled only once its letter is confirmed, so a letter lost with
+        the broker is written again when its event is read again."""
+        flushed = 0
+        while not self._stop.is_set():
+            lettered = []
+            for item in consumer.poll(self.poll_s):
+                where = (item.topic, item.partition, item.offset)
+                if where in self._handled:
+                    continue  # read again after a broker error
+                if item.name == "TaskChecked":
+                    self.pool.offer(item.event, Origin(*where, item.key))
+                    self.received += 1
+                    self.verdicts[(str(item.event["run_id"]), int(item.event["step"]))] += 1
+                    self._handled.add(where)
+                else:
+                    consumer.reject(item, "invalid", f"{item.name} on {item.topic}: the learner takes only "
+                                                     "TaskChecked events from it")
+                    lettered.append(where)
+            if consumer.dead_lettered != flushed and consumer.deadletters is not None:
+                consumer.deadletters.flush()  # undecodable or foreign events, dead-lettered as read
+                flushed = consumer.dead_lettered
+            self._handled.update(lettered)
+            yield
 
     def wait_for(self, run_id: str, step: int, count: int, timeout_s: float, stop: threading.Event) -> int:
         """Wait until `count` verdicts of `run_id`'s tasks proposed at `step` were read (0: the whole
@@ -94,3 +129,15 @@ class TaskFeed:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout_s)
+
+
+def _close(consumer: Any) -> None:
+    """Close the consumer and its dead-letter producer; a letter that cannot be flushed now is written again
+    when its event is read again."""
+    for closing in (consumer, consumer.deadletters):
+        if closing is None:
+            continue
+        try:
+            closing.close()
+        except Exception as exc:
+            log.warning("sampler.feed_close_failed", error=f"{type(exc).__name__}: {exc}")
