@@ -53,7 +53,7 @@ def _worker(args) -> dict:
 
         fleet = FleetConfig(servers=1)
         servers = LocalServers(model_dir, config, fleet, tempfile.mkdtemp(prefix="bench-fleet-")).start()
-        backend = FleetBackend(servers.urls, model_dir, config, fleet, model_name=config.model)
+        backend = FleetBackend(servers.urls, model_dir, config, fleet, model_name=config.model, run_id="bench")
     else:
         from coevolve.services.agent.backends import make_backend
 

@@ -5,7 +5,9 @@ Requests go to `/v1/completions` with the prompt as token ids and come back with
 (`return_token_ids`) and each one's log-probability (the servers run with processed log-probs, i.e. of
 the tempered distribution). They are spread over the live servers, fewest in flight first, and each
 completion carries the version its server reports (`/weight_info`, read before each batch), so a server
-restarted behind the learner's back counts as behind instead of under the newest label. A request
+restarted behind the learner's back counts as behind instead of under the newest label. A version names
+its run (`run@7`): a long-lived server still holding another run's weights is taken out until this
+run's update lands on it, instead of passing for a policy ahead of the learner. A request
 that fails on a server (refused or reset connection, 5xx) is sent again while the server still answers
 /health, `REQUEST_RETRIES` times at most: a keep-alive connection the server closes as a request goes
 out fails so ("Server disconnected without sending a response"). A server that does not answer, or
@@ -123,11 +125,22 @@ class _SyncClient:
         self.post("shutdown_weight_transfer_engine")
 
 
-def _parse_version(value: Any) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return 0  # vLLM's "default": the weights it started with
+FOREIGN = -1
+"""The version of a server whose weights are another run's (a long-lived server the last run updated)."""
+
+
+def version_label(run_id: str, version: int) -> str:
+    """The weight version a server is given: the run's id and its policy version (`run@7`)."""
+    return f"{run_id}@{version}"
+
+
+def _parse_version(value: Any, run_id: str) -> int:
+    """The policy version of this run that a server's `weight_version` names: 0 for vLLM's "default" (the
+    weights it started with), FOREIGN for a version of another run or an unlabelled one."""
+    if value is None or value == "default":
+        return 0
+    run, _, number = str(value).rpartition("@")
+    return int(number) if run == run_id and number.isdigit() else FOREIGN
 
 
 class FleetBackend:
@@ -138,12 +151,13 @@ class FleetBackend:
     """Bytes per broadcast (one flat buffer per dtype and chunk); applies to engines opened afterwards."""
 
     def __init__(self, urls: list[str], model_dir: str, config: BackendConfig, fleet: FleetConfig,
-                 model_name: str | None = None):
+                 model_name: str | None = None, *, run_id: str):
         import httpx
         from transformers import AutoTokenizer
 
         if not urls:
             raise FleetError("the fleet has no server URLs")
+        self.run_id = run_id
         self.config = config
         self.fleet = fleet
         self.model = model_name or config.model
@@ -193,7 +207,7 @@ class FleetBackend:
 
     def _version(self, server: _Server) -> int:
         """The version the server reports holding (`/weight_info`); FleetError when it does not answer."""
-        return _parse_version(self._get(server, "weight_info").json().get("weight_version"))
+        return _parse_version(self._get(server, "weight_info").json().get("weight_version"), self.run_id)
 
     def _confirm_versions(self) -> None:
         """Each live server's version as it reports it (`/weight_info`), not as last pushed: a server restarted
@@ -208,6 +222,9 @@ class FleetBackend:
                 continue
             if reported != server.version:
                 server.version, server.engine = reported, None  # a new process: its transfer group is gone too
+            if reported == FOREIGN:  # its completions would pass for this run's policy
+                self._mark_down(server, f"it holds another run's weights; it serves again once an update of run "
+                                f"{self.run_id} lands on it")
 
     def _served_model(self, server: _Server) -> str:
         try:
@@ -402,11 +419,11 @@ class FleetBackend:
             if server.engine is None:
                 server.engine = self._engine(server, client, source)
             if self.fleet.weight_transfer == "gloo":
-                server.engine.send_weights(str(version), source=source)
+                server.engine.send_weights(version_label(self.run_id, version), source=source)
             else:  # vLLM's own engine replays the source it holds; the version is set apart
                 server.engine.source = source
                 server.engine.send_weights()
-                client.post("update_weight_version", {"new_version": str(version)})
+                client.post("update_weight_version", {"new_version": version_label(self.run_id, version)})
             client.post("reset_prefix_cache")
             server.version = version
         except Exception:

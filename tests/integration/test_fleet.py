@@ -26,6 +26,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.heavy]
 TOLERANCE = 1e-4
 """Largest |server - learner| log-prob allowed after an update (float32 on both sides; 3e-6 measured)."""
 GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=8)
+RUN = "run-fleet"
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +34,7 @@ def fleet(tmp_path_factory):
     config = backend_config(model=TINY_RANDOM, backend="vllm-server", kv_cache_gib=1.0, max_model_len=2048)
     fleet_config = FleetConfig(servers=2)
     with LocalServers(str(model_dir(TINY_RANDOM)), config, fleet_config, tmp_path_factory.mktemp("fleet")) as servers:
-        backend = FleetBackend(servers.urls, str(model_dir(TINY_RANDOM)), config, fleet_config, TINY_RANDOM)
+        backend = FleetBackend(servers.urls, str(model_dir(TINY_RANDOM)), config, fleet_config, TINY_RANDOM, run_id=RUN)
         backend.transfer_chunk_bytes = 256 * 1024  # several chunks per round, so a round can break half-way
         try:
             yield servers, backend
@@ -117,7 +118,7 @@ def test_after_an_update_server_logprobs_equal_the_learners(fleet, updated):
     servers, backend = fleet
     model, ids, _, push = updated
     assert push.version == backend.version == 1
-    assert weight_versions(servers.urls) == ["1", "1"]
+    assert weight_versions(servers.urls) == [f"{RUN}@1"] * 2
     assert backend.server_versions == {url: 1 for url in servers.urls}
     sequence = ids + [int(t) for t in torch.randint(0, model.config.vocab_size, (24,),
                                                      generator=torch.Generator().manual_seed(3))]
@@ -178,7 +179,7 @@ def test_a_transfer_broken_half_way_keeps_the_old_weights_and_version(fleet, upd
     with pytest.raises(WeightTransferError, match="no server took version 2"):
         backend.update_weights(perturbed_model(seed=2).named_parameters())
     assert len(chunks) == 2 and backend.version == 1
-    assert weight_versions(servers.urls) == ["1", "1"]
+    assert weight_versions(servers.urls) == [f"{RUN}@1"] * 2
     again = backend.generate([Request(prompt_ids=ids)], GREEDY)[0]
     assert again.token_ids == old.token_ids and again.policy_version == 1, again
 
@@ -194,7 +195,7 @@ def test_a_transfer_broken_half_way_keeps_the_old_weights_and_version(fleet, upd
 
     monkeypatch.setattr(transfer, "_broadcast", real)
     assert backend.update_weights(perturbed_model(seed=2).named_parameters()).version == 2
-    assert weight_versions(servers.urls) == ["2", "2"]
+    assert weight_versions(servers.urls) == [f"{RUN}@2"] * 2
 
 
 def test_a_server_left_behind_answers_with_its_own_version(fleet, updated, monkeypatch):
@@ -213,13 +214,13 @@ def test_a_server_left_behind_answers_with_its_own_version(fleet, updated, monke
     push = backend.update_weights(perturbed_model(seed=3).named_parameters(), version=3)
     assert (push.version, push.servers, push.servers_behind) == (3, 1, 1)
     assert sorted(backend.server_versions.values()) == [2, 3]
-    assert sorted(weight_versions(servers.urls)) == ["2", "3"]
+    assert sorted(weight_versions(servers.urls)) == [f"{RUN}@2", f"{RUN}@3"]
     completions = backend.generate([Request(prompt_ids=prompt(backend, str(n))) for n in range(6)], GREEDY)
     assert {c.policy_version for c in completions} == {2, 3}
 
     monkeypatch.setattr(transfer, "_broadcast", real)
     assert backend.update_weights(perturbed_model(seed=4).named_parameters()).version == 4
-    assert weight_versions(servers.urls) == ["4", "4"] and backend.stats.extra["servers_behind"] == 0
+    assert weight_versions(servers.urls) == [f"{RUN}@4"] * 2 and backend.stats.extra["servers_behind"] == 0
 
 
 def test_a_server_killed_mid_batch_or_mid_push_is_marked_down_and_its_work_rerun_or_failed(fleet, monkeypatch):

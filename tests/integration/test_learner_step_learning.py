@@ -136,7 +136,7 @@ def test_steps_on_the_rollout_fleet_with_lag_1_raise_the_toy_reward(fleet_model_
                            kv_cache_gib=1.0)
     fleet = FleetConfig(servers=1)
     with LocalServers(fleet_model_dir, config, fleet, tmp_path, name="byte-llama") as servers:
-        backend = FleetBackend(servers.urls, fleet_model_dir, config, fleet, model_name="byte-llama")
+        backend = FleetBackend(servers.urls, fleet_model_dir, config, fleet, model_name="byte-llama", run_id="r")
         policy = AutoModelForCausalLM.from_pretrained(fleet_model_dir, dtype=torch.float32)
         grpo = GRPOConfig(lr=1e-2, temperature=1.0, micro_batch_size=32, max_policy_lag=1)
         engine = build_trainer(policy, grpo, backend.tokenizer.pad_token_id or 0)

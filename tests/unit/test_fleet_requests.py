@@ -38,7 +38,7 @@ class Http:
         if url.endswith("/health"):
             self.health += 1
             return Reply({})
-        return Reply({"weight_version": "3"})
+        return Reply({"weight_version": "r@3"})
 
     def post(self, url, json):
         self.posts += 1
@@ -52,6 +52,7 @@ class Http:
 def backend():
     made = FleetBackend.__new__(FleetBackend)
     made.fleet, made.version, made.max_model_len, made.per_server = FleetConfig(), 3, 64, 2
+    made.run_id = "r"
     made.served_model, made.template = "policy", SimpleNamespace(stop_token_ids=lambda: [0])
     made.servers = [_Server("http://a", 0, version=3)]
     made.stats = BackendStats(extra={"servers": 1.0, "servers_down": 0.0, "servers_behind": 0.0})

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from coevolve.services.agent.generation import BackendStats
-from coevolve.services.fleet.backend import FleetBackend, _Server
+from coevolve.services.fleet.backend import FOREIGN, FleetBackend, _Server, version_label
 from coevolve.services.fleet.config import FleetConfig
 
 
@@ -17,11 +17,12 @@ def fleet(engine: str) -> FleetBackend:
     """A two-server fleet at version 3 (no HTTP: each server's push is the test's)."""
     backend = FleetBackend.__new__(FleetBackend)
     backend.fleet, backend.dtype, backend.version = FleetConfig(weight_transfer=engine), "float32", 3
+    backend.run_id = "r"
     backend.servers = [_Server("http://a", 0, version=3), _Server("http://b", 1, version=3)]
     backend.stats = BackendStats(extra={"servers": 2.0, "servers_down": 0.0, "servers_behind": 0.0})
     backend._cond, backend._updating, backend._generating = threading.Condition(), False, 0
     backend._revive = lambda: None
-    backend.http = Http({"http://a": "3", "http://b": "3"})
+    backend.http = Http({"http://a": "r@3", "http://b": "r@3"})
 
     def push(server, source, version):
         if server.url == "http://b":
@@ -78,8 +79,24 @@ def test_a_server_restarted_behind_the_learners_back_is_behind_and_its_completio
     backend = fleet("gloo")
     backend.servers.append(_Server("http://c", 2, version=3))
     backend.servers[0].engine = backend.servers[1].engine = object()
-    backend.http = Http({"http://a": "3", "http://b": "default", "http://c": None})
+    backend.http = Http({"http://a": "r@3", "http://b": "default", "http://c": None})
     backend._confirm_versions()
     a, b, c = backend.servers
     assert (a.version, b.version, c.version) == (3, 0, 3)  # b serves its starting weights; c is left to requests
     assert a.engine is not None and b.engine is None  # the restarted process's transfer group is gone
+
+
+def test_a_server_holding_another_runs_weights_serves_nothing_until_this_runs_update_lands():
+    """A long-lived server the last run left at its version 40 would pass for a policy ahead of this run's
+    learner (at 3), and its rollouts for fresh ones."""
+    backend = fleet("gloo")
+    backend.servers[0].engine = backend.servers[1].engine = object()
+    backend.http = Http({"http://a": "r@3", "http://b": "earlier-run@40"})
+    backend._confirm_versions()
+    a, b = backend.servers
+    assert (a.up, a.version) == (True, 3) and (b.up, b.version) == (False, FOREIGN)
+    assert "another run's weights" in b.error and "run r lands" in b.error
+    backend.http.versions["http://b"] = "40"  # unlabelled: no run's for sure
+    assert backend._version(b) == FOREIGN
+    backend.http.versions["http://b"] = version_label("r", 4)
+    assert backend._version(b) == 4 and version_label("r", 4) == "r@4"

@@ -144,7 +144,8 @@ class Learner(Service):
             self.servers = LocalServers(model_dir, self.backend_cfg, self.fleet_cfg, Path(self.cfg.workdir) / "servers")
             urls = self.servers.start().urls
             self.log.info("learner.fleet_started", servers=len(urls), urls=urls)
-        return FleetBackend(urls, model_dir, self.backend_cfg, self.fleet_cfg, model_name=self.backend_cfg.model)
+        return FleetBackend(urls, model_dir, self.backend_cfg, self.fleet_cfg, model_name=self.backend_cfg.model,
+                            run_id=self.run_id)
 
     def _alive(self) -> bool:
         """Polled by the rollouts every generation round: a beat (the loop makes progress), and whether to stop."""
