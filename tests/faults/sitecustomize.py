@@ -18,7 +18,8 @@ And four more faults, each once:
            the killed server's pid.
 - outage:  the broker becomes unreachable from the learner while it publishes step `OUTAGE_STEP`, for
            longer than its producer's delivery timeout: its connections are cut and each new one is
-           refused. The file holds the seconds until the publish failed.
+           refused. The file holds the seconds until the first publish failed; the learner publishes
+           the step again once the broker is back.
 - backlog: the explorer's first poll waits until `BACKLOG` of the run's steps are on coevolve.steps, so
            it starts on several closed periods at once. The file holds how many there were.
 

@@ -15,6 +15,7 @@ from coevolve.services.learner.loop import checkpoint as ckpt
 from coevolve.services.learner.loop import journal
 from coevolve.services.learner.loop.results import StepOutcome, Update
 from coevolve.services.learner.loop.sampler import TaskPool
+from coevolve.services.learner.loop import service as learner_service
 from coevolve.services.learner.loop.service import Learner
 from coevolve.services.learner.trainer.build import build_trainer
 from coevolve.services.learner.trainer.shapes import random_llama
@@ -37,16 +38,18 @@ class Backend:
 
 
 class Producer:
-    """Confirms everything until `fail_from` sends, then reports the broker gone."""
+    """Confirms everything until `fail_from` sends, then reports the broker gone (for `outage` flushes, if
+    given, then it is back)."""
 
-    def __init__(self, fail_from: int | None = None):
-        self.sent, self.fail_from = [], fail_from
+    def __init__(self, fail_from: int | None = None, outage: int | None = None):
+        self.sent, self.fail_from, self.outage, self.failed = [], fail_from, outage, 0
 
     def send(self, topic, record, key=None):
-        self.sent.append(topic)
+        self.sent.append((topic, record))
 
     def flush(self):
-        if self.fail_from is not None and len(self.sent) >= self.fail_from:
+        if self.fail_from is not None and len(self.sent) >= self.fail_from and self.failed != self.outage:
+            self.failed += 1
             raise DeliveryError("127.0.0.1:9", ["x"], "broker gone")
 
     def close(self):
@@ -86,7 +89,8 @@ def weights(t) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("failure", ["push", "publish"])
 def test_a_step_failing_after_its_update_is_not_checkpointed_and_a_resume_replays_the_journal(tmp_path, failure,
-                                                                                              caplog):
+                                                                                              caplog, monkeypatch):
+    monkeypatch.setattr(learner_service, "PUBLISH_OUTAGE_S", 0.0)  # the broker does not come back in time
     service = learner(tmp_path)
     service.producer = Producer(fail_from=None if failure == "push" else 6)  # step 2's trajectories fail
     service.runner = Runner(service, fail_step=2 if failure == "push" else None)
@@ -126,3 +130,23 @@ def test_a_step_failing_before_its_update_leaves_the_checkpoint_of_the_last_step
     found, fresh = ckpt.latest_checkpoint(tmp_path), trainer()
     ckpt.restore_trainer(fresh, found)
     assert found.step == 1 and fresh.updates == 1
+
+
+def test_a_broker_outage_shorter_than_the_allowance_is_ridden_out_and_the_step_sent_once_it_is_back(
+        tmp_path, monkeypatch, caplog):
+    """A rolling restart of the broker outlasts the producer's delivery timeout (30 s): the learner sends the
+    journaled step again, with the record the first attempt marked as sent, instead of ending."""
+    monkeypatch.setattr(learner_service.time, "sleep", lambda s: None)
+    service = learner(tmp_path)
+    service.producer = Producer(fail_from=6, outage=2)  # step 2's trajectories, then its step record
+    service.runner = Runner(service)
+    service.step()
+    with caplog.at_level(logging.WARNING, logger="coevolve.learner"):
+        service.step()
+    retries = [r.fields for r in caplog.records if r.getMessage() == "learner.publish_retry"]
+    assert [(r["step"], r["retry_in_s"]) for r in retries] == [(2, 1.0), (2, 2.0)]
+    assert not [r for r in caplog.records if r.getMessage() == "learner.step_failed"]
+    assert service.done == 2 and journal.published_record(journal.entries_after(tmp_path, 1)[0]) is not None
+    steps = [record for topic, record in service.producer.sent if topic == "coevolve.steps"]
+    assert [s["step"] for s in steps] == [1, 2, 2]  # the attempt the broker lost, then the one it confirmed
+    assert steps[1] == steps[2]  # the same record, publish time included: consumers absorb it by event id

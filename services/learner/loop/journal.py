@@ -110,6 +110,12 @@ def mark_published(path: Path, record: StepRecord) -> None:
     os.replace(tmp, path / "published.json")
 
 
+def published_record(path: Path) -> StepRecord | None:
+    """The StepCompleted record marked as sent for the entry at `path`; None before `mark_published`."""
+    sent = path / "published.json"
+    return StepRecord.from_event(_load(sent)) if sent.is_file() else None
+
+
 def read(path: Path) -> Entry:
     """The entry in folder `path`."""
     state, records = _load(path / "state.json"), _load(path / "records.json")

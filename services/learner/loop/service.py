@@ -43,6 +43,8 @@ from coevolve.services.learner.ranks.start import start_trainer
 from coevolve.services.runtime.config import ConfigError
 from coevolve.services.runtime.service import Service
 
+PUBLISH_OUTAGE_S = 120.0  # how long a step's publishing rides out an unreachable broker before the learner ends
+
 
 class Learner(Service):
     """The GRPO learner; `run()` returns after step `cfg.steps` or a stop signal."""
@@ -233,12 +235,7 @@ class Learner(Service):
             step, self.run_id, result.trained, result.batch, result.trajectories, evaluation, record,
             self.backend.version, self.trainer.updates, sampler, policy_update=result.policy_update,
             subjects=subjects))
-        try:
-            record = publish_step(self.producer, self.run_id, path, result.trajectories, [evaluation, subjects],
-                                  record, started=started, policy_update=result.policy_update)
-        except DeliveryError as failed:  # journaled: --resume replays the step from its entry and publishes it
-            self.telemetry.failed(step, failed, "bring the broker back")
-            raise
+        record = self._publish(step, path, result, record, [evaluation, subjects], started)
         self.done, self.last, self.pool_state = step, dataclasses.replace(result, record=record), sampler
         self.updates_done = self.trainer.updates
         self.blocked += record.blocked_seconds
@@ -251,6 +248,28 @@ class Learner(Service):
             self._checkpoint()
         if step >= self.cfg.steps:
             self.stop()
+
+    def _publish(self, step: int, path: Path, result: Any, record: Any, evaluations: list, started: float) -> Any:
+        """Publish the journaled step, riding out a broker outage (a rolling restart) for `PUBLISH_OUTAGE_S`:
+        the step's records are sent again, and consumers absorb the ones they hold by event id. Past it the
+        learner ends, and --resume replays the step from its entry and publishes it."""
+        deadline, wait_s = time.monotonic() + PUBLISH_OUTAGE_S, 1.0
+        while True:
+            sent = journal.published_record(path)  # a retry sends the record a first attempt marked
+            try:
+                return publish_step(self.producer, self.run_id, path, result.trajectories, evaluations,
+                                    sent or record, published=sent is not None, started=started,
+                                    policy_update=result.policy_update)
+            except DeliveryError as failed:
+                if time.monotonic() + wait_s > deadline:
+                    self.telemetry.failed(step, failed, "bring the broker back")
+                    raise
+                self.log.warning("learner.publish_retry", step=step, undelivered=len(failed.undelivered),
+                                 retry_in_s=wait_s, error=str(failed)[:300])
+                for _ in range(int(wait_s / 0.5)):  # /healthz stays live through the outage
+                    time.sleep(0.5)
+                    self.beat()
+                wait_s = min(2 * wait_s, 15.0)
 
     def _report_unloadable(self) -> None:
         report_unloadable(self.pool, self.producer, self.telemetry, self.log, self.name)
