@@ -34,7 +34,7 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
-from coevolve.services.runtime.stores import hosted_store
+from coevolve.services.runtime.stores import gloo_options, hosted_store
 
 BACKEND = "gloo"
 DEFAULT_CHUNK_BYTES = 256 * 1024 * 1024
@@ -73,7 +73,7 @@ def _group(address: str, port: int, rank: int, world_size: int, timeout_s: float
     store = hosted_store(address, port, world_size, timeout, wait_for_workers=False) if is_master else \
         torch.distributed.TCPStore(address, port, world_size, is_master=False, timeout=timeout, wait_for_workers=False)
     group = torch.distributed.ProcessGroupGloo(torch.distributed.PrefixStore(_PREFIX, store), rank,
-                                               world_size, timeout)
+                                               world_size, gloo_options(address, is_master, timeout))
     return store, group
 
 
@@ -311,8 +311,8 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
                              wait_for_workers=False)
         try:
             joined = _background(client.init_weight_transfer_engine, asdict(worker))
-            formed = _background(torch.distributed.ProcessGroupGloo,
-                                 torch.distributed.PrefixStore(_PREFIX, store), 0, init_info.world_size, timeout)
+            formed = _background(torch.distributed.ProcessGroupGloo, torch.distributed.PrefixStore(_PREFIX, store),
+                                 0, init_info.world_size, gloo_options(init_info.master_address, True, timeout))
             done, _ = wait([joined, formed], timeout=init_info.timeout_s, return_when=FIRST_EXCEPTION)
             for future in done:
                 future.result()

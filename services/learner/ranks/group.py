@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from coevolve.services.runtime.config import ConfigError
-from coevolve.services.runtime.stores import hosted_store
+from coevolve.services.runtime.stores import gloo_interface, hosted_store
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,11 @@ def init_group(ranks: Ranks) -> None:
     device = ranks.device()
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    elif "GLOO_SOCKET_IFNAME" not in os.environ and "MASTER_ADDR" in os.environ:
+        # gloo listens at what the host name resolves to otherwise: beyond loopback in a container
+        interface = gloo_interface(os.environ["MASTER_ADDR"], hosting=ranks.rank == 0)
+        if interface is not None:
+            os.environ["GLOO_SOCKET_IFNAME"] = interface
     dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", timeout=COMMAND_TIMEOUT,
                             device_id=device if device.type == "cuda" else None, store=store, rank=ranks.rank,
                             world_size=ranks.world_size)
