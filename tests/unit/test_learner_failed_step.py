@@ -15,10 +15,10 @@ from coevolve.services.learner.loop import checkpoint as ckpt
 from coevolve.services.learner.loop import journal
 from coevolve.services.learner.loop.results import StepOutcome, Update
 from coevolve.services.learner.loop.sampler import TaskPool
-from coevolve.services.learner.loop import service as learner_service
+from coevolve.services.learner.loop import publish
 from coevolve.services.learner.loop.service import Learner
 from coevolve.services.learner.trainer.build import build_trainer
-from coevolve.services.learner.trainer.shapes import random_llama
+from bench.shapes import random_llama
 from tests.unit.test_learner_journal_entries import entry
 
 SEEDS = load_tasks(split="train")[:3]
@@ -90,7 +90,7 @@ def weights(t) -> list[torch.Tensor]:
 @pytest.mark.parametrize("failure", ["push", "publish"])
 def test_a_step_failing_after_its_update_is_not_checkpointed_and_a_resume_replays_the_journal(tmp_path, failure,
                                                                                               caplog, monkeypatch):
-    monkeypatch.setattr(learner_service, "PUBLISH_OUTAGE_S", 0.0)  # the broker does not come back in time
+    monkeypatch.setattr(publish, "PUBLISH_OUTAGE_S", 0.0)  # the broker does not come back in time
     service = learner(tmp_path)
     service.producer = Producer(fail_from=None if failure == "push" else 6)  # step 2's trajectories fail
     service.runner = Runner(service, fail_step=2 if failure == "push" else None)
@@ -136,7 +136,7 @@ def test_a_broker_outage_shorter_than_the_allowance_is_ridden_out_and_the_step_s
         tmp_path, monkeypatch, caplog):
     """A rolling restart of the broker outlasts the producer's delivery timeout (30 s): the learner sends the
     journaled step again, with the record the first attempt marked as sent, instead of ending."""
-    monkeypatch.setattr(learner_service.time, "sleep", lambda s: None)
+    monkeypatch.setattr(publish.time, "sleep", lambda s: None)
     service = learner(tmp_path)
     service.producer = Producer(fail_from=6, outage=2)  # step 2's trajectories, then its step record
     service.runner = Runner(service)

@@ -3,7 +3,8 @@ letters of the tasks the pool refused.
 
 A step's trajectories go first, confirmed by the broker; then its `PolicyUpdated`, its evaluations
 (held-out, subjects) and its `StepCompleted`. A replayed step sends the records its journal entry holds
-(`replay.py`), the very ones a consumer may already have.
+(`replay.py`), the very ones a consumer may already have; so does a step sent again through a broker
+outage (`publish_journaled`).
 
 Unloadable tasks. A task whose episode cannot start (BFCL's `InvalidTask`) is refused by the pool when
 it arrives, or dropped when first drawn and replaced by another draw (sampler.py); the learner
@@ -14,12 +15,17 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+from coevolve.services.kafka.producer import DeliveryError
 from coevolve.services.kafka.topics import DEADLETTER, EVALUATIONS, POLICY, STEPS, TRAJECTORIES
 from coevolve.services.learner.loop import journal
 from coevolve.services.learner.loop.record import StepRecord
 from coevolve.services.learner.loop.sampler import Unloadable
+from coevolve.services.runtime.log import get_logger
+
+log = get_logger("learner")
+PUBLISH_OUTAGE_S = 120.0  # how long a step's publishing rides out an unreachable broker before the learner ends
 
 
 def publish_step(producer: Any, run_id: str, path: Path, trajectories: list[dict[str, Any]],
@@ -46,6 +52,30 @@ def publish_step(producer: Any, run_id: str, path: Path, trajectories: list[dict
     producer.send(STEPS.name, record.to_event(), key=run_id)
     producer.flush()
     return record
+
+
+def publish_journaled(producer: Any, run_id: str, path: Path, trajectories: list[dict[str, Any]],
+                      evaluations: list[dict[str, Any] | None], record: StepRecord, started: float,
+                      policy_update: dict[str, Any] | None, beat: Callable[[], None]) -> StepRecord:
+    """`publish_step` for the step journaled at `path`, riding out a broker outage (a rolling restart) for
+    `PUBLISH_OUTAGE_S`: the step's records are sent again, with the step record a first attempt marked
+    as sent, and consumers absorb what they hold by event id. `beat` keeps /healthz live meanwhile. Past
+    the allowance the DeliveryError is raised."""
+    deadline, wait_s = time.monotonic() + PUBLISH_OUTAGE_S, 1.0
+    while True:
+        sent = journal.published_record(path)
+        try:
+            return publish_step(producer, run_id, path, trajectories, evaluations, sent or record,
+                                published=sent is not None, started=started, policy_update=policy_update)
+        except DeliveryError as failed:
+            if time.monotonic() + wait_s > deadline:
+                raise
+            log.warning("learner.publish_retry", step=record.step, undelivered=len(failed.undelivered),
+                        retry_in_s=wait_s, error=str(failed)[:300])
+            for _ in range(int(wait_s / 0.5)):
+                time.sleep(0.5)
+                beat()
+            wait_s = min(2 * wait_s, 15.0)
 
 
 def publish_evaluation(producer: Any, run_id: str, evaluation: dict[str, Any]) -> None:

@@ -31,7 +31,7 @@ from coevolve.services.learner.config import LearnerConfig, LearnerSettings, rol
 from coevolve.services.learner.loop import checkpoint as ckpt, journal
 from coevolve.services.learner.loop.evaluation import due, evaluate_all
 from coevolve.services.learner.loop.feed import TaskFeed, tasks_consumer
-from coevolve.services.learner.loop.publish import publish_evaluation, publish_step, report_unloadable
+from coevolve.services.learner.loop.publish import publish_evaluation, publish_journaled, report_unloadable
 from coevolve.services.learner.loop.replay import replay, resolve_run
 from coevolve.services.learner.loop.results import StepOutcome
 from coevolve.services.learner.loop.sampler import TaskPool
@@ -42,8 +42,6 @@ from coevolve.services.learner.ranks.group import Ranks, init_group
 from coevolve.services.learner.ranks.start import start_trainer
 from coevolve.services.runtime.config import ConfigError
 from coevolve.services.runtime.service import Service
-
-PUBLISH_OUTAGE_S = 120.0  # how long a step's publishing rides out an unreachable broker before the learner ends
 
 
 class Learner(Service):
@@ -235,7 +233,12 @@ class Learner(Service):
             step, self.run_id, result.trained, result.batch, result.trajectories, evaluation, record,
             self.backend.version, self.trainer.updates, sampler, policy_update=result.policy_update,
             subjects=subjects))
-        record = self._publish(step, path, result, record, [evaluation, subjects], started)
+        try:
+            record = publish_journaled(self.producer, self.run_id, path, result.trajectories, [evaluation, subjects],
+                                       record, started, result.policy_update, self.beat)
+        except DeliveryError as failed:  # past the outage allowance: --resume replays the step and publishes it
+            self.telemetry.failed(step, failed, "bring the broker back")
+            raise
         self.done, self.last, self.pool_state = step, dataclasses.replace(result, record=record), sampler
         self.updates_done = self.trainer.updates
         self.blocked += record.blocked_seconds
@@ -248,28 +251,6 @@ class Learner(Service):
             self._checkpoint()
         if step >= self.cfg.steps:
             self.stop()
-
-    def _publish(self, step: int, path: Path, result: Any, record: Any, evaluations: list, started: float) -> Any:
-        """Publish the journaled step, riding out a broker outage (a rolling restart) for `PUBLISH_OUTAGE_S`:
-        the step's records are sent again, and consumers absorb the ones they hold by event id. Past it the
-        learner ends, and --resume replays the step from its entry and publishes it."""
-        deadline, wait_s = time.monotonic() + PUBLISH_OUTAGE_S, 1.0
-        while True:
-            sent = journal.published_record(path)  # a retry sends the record a first attempt marked
-            try:
-                return publish_step(self.producer, self.run_id, path, result.trajectories, evaluations,
-                                    sent or record, published=sent is not None, started=started,
-                                    policy_update=result.policy_update)
-            except DeliveryError as failed:
-                if time.monotonic() + wait_s > deadline:
-                    self.telemetry.failed(step, failed, "bring the broker back")
-                    raise
-                self.log.warning("learner.publish_retry", step=step, undelivered=len(failed.undelivered),
-                                 retry_in_s=wait_s, error=str(failed)[:300])
-                for _ in range(int(wait_s / 0.5)):  # /healthz stays live through the outage
-                    time.sleep(0.5)
-                    self.beat()
-                wait_s = min(2 * wait_s, 15.0)
 
     def _report_unloadable(self) -> None:
         report_unloadable(self.pool, self.producer, self.telemetry, self.log, self.name)
