@@ -59,7 +59,7 @@ def rank_child(args) -> None:
     from coevolve.services.learner.ranks.split import split
     from coevolve.services.learner.trainer.build import prepare_policy
     from coevolve.services.learner.trainer.fsdp_trainer import FSDPTrainer
-    from coevolve.services.learner.trainer.shapes import random_llama
+    from bench.shapes import random_llama
     from coevolve.services.learner.trainer.trainer import PolicyWeights
 
     ranks = Ranks.from_env()

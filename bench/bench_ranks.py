@@ -339,7 +339,7 @@ def rank_child(args) -> None:
     from coevolve.services.learner.ranks.driver import Driver, follow
     from coevolve.services.learner.ranks.group import Ranks, init_group
     from coevolve.services.learner.ranks.split import split
-    from coevolve.services.learner.trainer.shapes import SHAPES, random_llama
+    from bench.shapes import SHAPES, random_llama
 
     ranks = Ranks.from_env()
     init_group(ranks)

@@ -29,7 +29,7 @@ from bench.common import machine, report
 from coevolve.services.learner.trainer.batch import TrainSequence
 from coevolve.services.learner.config import GRPOConfig
 from coevolve.services.learner.trainer.build import build_trainer
-from coevolve.services.learner.trainer.shapes import SHAPES, random_llama
+from bench.shapes import SHAPES, random_llama
 
 
 def make_batch(batch: int, length: int, vocab: int, prompt: int = 0) -> list[TrainSequence]:

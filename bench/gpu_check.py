@@ -116,7 +116,7 @@ def step_runner(model_dir: str, device: str, lag: int, quick: bool):
 
 
 def part_step(device: str, quick: bool, steps: int) -> None:
-    from coevolve.services.learner.trainer.shapes import random_llama
+    from bench.shapes import random_llama
     from tests.agent_helpers import byte_tokenizer
 
     tokenizer = byte_tokenizer()

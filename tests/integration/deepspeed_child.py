@@ -10,7 +10,7 @@ import tempfile
 from coevolve.services.learner.loop import checkpoint as ckpt
 from coevolve.services.learner.config import GRPOConfig
 from coevolve.services.learner.trainer.build import build_trainer
-from coevolve.services.learner.trainer.shapes import random_llama
+from bench.shapes import random_llama
 from tests.unit.test_learner_engine import SMALL, make_batch, max_diff, weights
 
 

@@ -21,7 +21,7 @@ from coevolve.services.learner.trainer.build import build_trainer, load_trainer,
 from coevolve.services.learner.loop import checkpoint as ckpt
 from coevolve.services.learner.ranks.driver import Driver, follow
 from coevolve.services.learner.ranks.group import Ranks, init_group, leave, release
-from coevolve.services.learner.trainer.shapes import random_llama
+from bench.shapes import random_llama
 from coevolve.services.learner.trainer.trainer import PolicyWeights
 from tests.unit.test_fleet_stream import Group, push_round
 

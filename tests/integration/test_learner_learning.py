@@ -18,7 +18,7 @@ from coevolve.services.learner.trainer.batch import TrainSequence
 from coevolve.services.learner.config import GRPOConfig
 from coevolve.services.learner.trainer.build import build_trainer
 from coevolve.services.learner.trainer.grpo import group_advantages
-from coevolve.services.learner.trainer.shapes import random_llama
+from bench.shapes import random_llama
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

@@ -28,7 +28,7 @@ from coevolve.services.envs.base import Task
 from coevolve.services.learner.config import GRPOConfig, LearnerConfig, SamplerConfig
 from coevolve.services.learner.trainer.build import build_trainer
 from coevolve.services.learner.loop.sampler import TaskPool
-from coevolve.services.learner.trainer.shapes import random_llama
+from bench.shapes import random_llama
 from coevolve.services.learner.loop.step import StepRunner
 from tests.agent_helpers import OneTurn, byte_tokenizer
 

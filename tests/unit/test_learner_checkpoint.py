@@ -11,7 +11,7 @@ from coevolve.services.learner.config import GRPOConfig, LearnerConfig, LearnerS
 from coevolve.services.learner.trainer.build import build_trainer
 from coevolve.services.learner.loop.replay import resolve_run
 from coevolve.services.learner.loop.service import Learner
-from coevolve.services.learner.trainer.shapes import random_llama
+from bench.shapes import random_llama
 from coevolve.services.runtime.config import ConfigError
 
 

@@ -5,7 +5,7 @@ import torch
 from coevolve.services.learner.trainer.batch import TrainSequence
 from coevolve.services.learner.config import GRPOConfig
 from coevolve.services.learner.trainer.build import build_trainer
-from coevolve.services.learner.trainer.shapes import random_llama
+from bench.shapes import random_llama
 
 SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, vocab_size=256)
 

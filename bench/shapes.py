@@ -1,6 +1,6 @@
 """Random-weight Llama-family models of named shapes, built from a config (nothing downloaded).
 
-For tests and training benchmarks: `tiny` has a few million parameters, `smollm2-135m` has
+For the training benchmarks and the tests: `tiny` has a few million parameters, `smollm2-135m` has
 SmolLM2-135M's architecture (weights random). The agent runtime's `tiny-random` model adds a
 tokenizer; the learner needs none, since it trains on token ids.
 """
