@@ -5,7 +5,11 @@ inside one C call that no signal or thread can interrupt (`MathAPI.round_number(
 CPython build 10**(10**8)). The bound that holds for every function is a process: each calling process
 keeps one tool host, a child interpreter holding the instances of all its open workspaces, and gives
 every request `limit_s` seconds. The host's address space is capped at `memory_mb` (RLIMIT_AS), so an
-allocation past it fails as that call's error.
+allocation past it fails as that call's error; it may write no file past `FILE_LIMIT_MB` (RLIMIT_FSIZE;
+its output goes nowhere), it gets only the environment an interpreter needs (no broker or archive
+secrets), and it answers in JSON, so nothing it sends back can run code in the calling process.
+(RLIMIT_NPROC is not set: it counts every task of the user, the calling service's threads included, so
+it would stop the host's own threads; the tools' backends start no process.)
 
 A request that runs past its limit, or a host that dies under it, ends the host. The call fails with no
 effect, and a new host rebuilds every other open workspace by replaying the calls it logged; a workspace
@@ -15,9 +19,11 @@ found dead before a request reaches it is replaced the same way, and the request
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import pickle
 import resource
+import signal
 import subprocess
 import sys
 import threading
@@ -174,7 +180,10 @@ class ToolHost:
     def _reply(self, limit_s: float) -> Any:
         if not self._recv.poll(limit_s):
             raise _HostEnded(f"ran past its limit of {limit_s:g} s")
-        kind, value = pickle.loads(self._recv.recv_bytes())
+        try:
+            kind, value = json.loads(self._recv.recv_bytes())  # JSON: the host's replies are never code
+        except ValueError as exc:
+            raise RuntimeError(f"the tool host sent a reply that is not JSON ({exc})") from None
         if kind == "invalid":
             raise InvalidTask(value)
         if kind == "error":
@@ -187,7 +196,8 @@ class ToolHost:
         try:
             self._process = subprocess.Popen(
                 [sys.executable, "-m", __name__, str(host_r), str(host_w), str(self.memory_mb)],
-                pass_fds=(host_r, host_w), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+                pass_fds=(host_r, host_w), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, env=host_environment())
         finally:
             os.close(host_r)
             os.close(host_w)
@@ -235,6 +245,17 @@ class ToolHost:
             if replayed != logged:
                 return f"replaying {call.name} returned {replayed[:120]!r}, not {logged[:120]!r}"
         return None
+
+
+# What the host's interpreter needs of the environment; the rest (KAFKA_SASL_PASSWORD, CLICKHOUSE_URL, tokens)
+# is not the business of model-written calls.
+HOST_ENVIRONMENT = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "TZ", "PYTHONPATH", "PYTHONHASHSEED",
+                    "VIRTUAL_ENV")
+FILE_LIMIT_MB = 64  # the largest file a call may write (RLIMIT_FSIZE); past it the write fails
+
+
+def host_environment() -> dict[str, str]:
+    return {name: os.environ[name] for name in HOST_ENVIRONMENT if name in os.environ}
 
 
 def _kill(process: subprocess.Popen, *pipes: Connection) -> None:
@@ -329,7 +350,7 @@ def serve(recv: Connection, send: Connection) -> None:
             reply = ("invalid", str(exc))
         except Exception as exc:
             reply = ("error", f"{type(exc).__name__}: {exc}")
-        send.send_bytes(pickle.dumps(reply))
+        send.send_bytes(json.dumps(reply).encode())
 
 
 def main(argv: list[str]) -> None:
@@ -338,6 +359,8 @@ def main(argv: list[str]) -> None:
     read_fd, write_fd, memory_mb = map(int, argv)
     limit = memory_mb << 20
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the file limit fails instead of killing
+    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_LIMIT_MB << 20, FILE_LIMIT_MB << 20))
     serve(Connection(read_fd, writable=False), Connection(write_fd, readable=False))
 
 

@@ -1,5 +1,6 @@
 """Tool calls in the tool host (services/envs/host.py): a call past its limit fails with no effect, a dead
 host is replaced, open episodes keep their state through both, and one that cannot be rebuilt ends."""
+import json
 import os
 import signal
 import threading
@@ -145,3 +146,27 @@ def test_the_validator_rejects_a_task_whose_reference_runs_past_the_limit():
         outcome = check_executable(task)
     assert time.monotonic() - started < 10
     assert not outcome.passed and "ran past its limit" in outcome.reason
+
+
+def test_the_host_gets_no_secret_writes_no_large_file_and_answers_in_json(monkeypatch):
+    """The host is a boundary: model-written calls run there without the service's secrets, a reply is
+    data (JSON; the calling process unpickled them before), and a file write is bounded."""
+    import resource
+
+    from coevolve.services.envs import host as host_module
+
+    monkeypatch.setenv("KAFKA_SASL_PASSWORD", "s3cret")
+    monkeypatch.setenv("CLICKHOUSE_URL", "clickhouse://user:s3cret@db:8123")
+    with bounded_tool_calls(LIMITS) as host:
+        BfclEnv().reset(TASK)
+        pid = host._process.pid
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert not [v for v in environ if b"s3cret" in v] and any(v.startswith(b"PATH=") for v in environ)
+        limits = Path(f"/proc/{pid}/limits").read_text()
+        line = next(row for row in limits.splitlines() if row.startswith("Max file size"))
+        assert line.split()[3:5] == [str(host_module.FILE_LIMIT_MB << 20)] * 2
+        host._send.send_bytes(host_module.pickle.dumps(("run", 10 ** 6, None)))  # no such workspace
+        raw = host._recv.recv_bytes()
+        kind, why = json.loads(raw)
+        assert kind == "error" and "KeyError" in why
+    assert resource.getrlimit(resource.RLIMIT_FSIZE)[0] == resource.RLIM_INFINITY  # the caller's own is untouched
