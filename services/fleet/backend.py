@@ -441,8 +441,8 @@ class FleetBackend:
         try:
             client.post("resume")
         except Exception as exc:
-            self._mark_down(server, f"it could not be resumed after a weight transfer ({type(exc).__name__}: "
-                            f"{exc})")
+            what = "could not be resumed after" if self._answers(server) else "stopped answering in"
+            self._mark_down(server, f"it {what} a weight transfer ({type(exc).__name__}: {exc})")
 
     def _engine(self, server: _Server, client: _SyncClient, source: Any) -> Any:
         """The learner's end of one server's transfer group: this package's gloo engine, or vLLM's nccl one
