@@ -13,13 +13,10 @@ starts, so a server launched with `--weight-transfer-config '{"backend": "gloo"}
 """
 from __future__ import annotations
 
-import atexit
 import datetime
 import gc
 import threading
-import time
 import traceback
-import weakref
 from concurrent.futures import FIRST_COMPLETED, FIRST_EXCEPTION, Future, wait
 from contextlib import closing
 from dataclasses import asdict, dataclass
@@ -80,21 +77,6 @@ def _group(address: str, port: int, rank: int, world_size: int, timeout_s: float
     return store, group
 
 
-EXIT_WAIT_S = 60.0  # how long the interpreter's exit waits for transfer threads still running
-_running: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
-
-
-@atexit.register
-def _let_transfers_end() -> None:
-    """Wait for the transfer threads still running before the interpreter finalizes: one that ends during
-    finalization (a broadcast to a dead server that fails late) takes the GIL inside gloo's C++ frames,
-    and the thread's forced exit there aborts the process ("terminate called without an active
-    exception", exit code 134 instead of the process's own)."""
-    deadline = time.monotonic() + EXIT_WAIT_S
-    for thread in list(_running):
-        thread.join(max(0.0, deadline - time.monotonic()))
-
-
 def _background(fn: Any, *args: Any) -> Future:
     """Run `fn` in a daemon thread (one left blocked by a broken peer does not hold up the exit). A failure's
     traceback keeps its frames, and the frames their locals and functions, for as long as the failure lives;
@@ -110,9 +92,7 @@ def _background(fn: Any, *args: Any) -> Future:
             del arguments
             future.set_exception(exc)
 
-    thread = threading.Thread(target=run, args=args, name="gloo-transfer", daemon=True)
-    _running.add(thread)
-    thread.start()
+    threading.Thread(target=run, args=args, name="gloo-transfer", daemon=True).start()
     return future
 
 
