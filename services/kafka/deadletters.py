@@ -156,6 +156,10 @@ def _records_at(bootstrap: str, letters: list[dict], timeout_s: float = 10.0) ->
                              client_id="coevolve-deadletters-proof",
                              **KafkaSecurity.from_environment().kafka_python_options())
     try:
+        wanted = {tp: offsets for tp, offsets in wanted.items()  # a partition a letter invented has no record
+                  if tp.partition in (consumer.partitions_for_topic(tp.topic) or set())}
+        if not wanted:
+            return found
         consumer.assign(list(wanted))
         reported = consumer.end_offsets(list(wanted))
         ends = true_end_offsets(bootstrap, {(tp.topic, tp.partition): reported[tp] for tp in wanted})

@@ -76,19 +76,20 @@ def test_a_forged_letter_does_not_reach_the_task_stream_and_the_validators_own_g
     claimed = dead_letter(*at, b"t", invented, "invalid", "catalog", "validator")  # claims to be the validator
     nowhere = dead_letter(TASKS.name, held.partition, held.offset + 5, b"t", verdict, "invalid", "catalog",
                           "validator-catalog")
+    elsewhere = dead_letter(TASKS.name, 99, 0, b"t", verdict, "invalid", "catalog", "validator-catalog")
     own = dead_letter(*at, b"t", verdict, "invalid", "catalog", "validator-catalog")
     with EventProducer(bootstrap) as producer:
-        for letter in (forged, claimed, nowhere, own):
+        for letter in (forged, claimed, nowhere, elsewhere, own):
             producer.send(DEADLETTER.name, letter, key=TASKS.name)
     unnamed = CliRunner().invoke(app, ["deadletters", "replay", "--reason", "invalid", "--bootstrap", bootstrap])
     assert unnamed.exit_code == 0 and "replayed 0 dead letter(s)" in plain(unnamed.output)
-    assert plain(unnamed.output).count("held back") == 4
+    assert plain(unnamed.output).count("held back") == 5
     named = replay(bootstrap, "invalid", topic=TASKS.name)
     assert [s["event_id"] for s in named.sent] == [own["event_id"]]
     why = {letter["event_id"]: reason for letter, reason in named.held}
     assert "validator's output" in why[forged["event_id"]]
     assert "is not the record at" in why[claimed["event_id"]]
-    assert "no record is at" in why[nowhere["event_id"]]
+    assert "no record is at" in why[nowhere["event_id"]] and "no record is at" in why[elsewhere["event_id"]]
     assert _raw(bootstrap, TASKS.name, expected=2, partitions=TASKS.partitions) == [verdict, verdict]
 
 
