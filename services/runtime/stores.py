@@ -52,13 +52,14 @@ def hosted_store(address: str, port: int, world_size: int | None, timeout: datet
 def gloo_address(store: str, hosting: bool) -> str:
     """The address a rank's gloo connections listen on: the store's own on the rank hosting it (when it is
     an address of this host), else this host's address on the route to the store."""
+    family, _, _, _, where = socket.getaddrinfo(store, 9, type=socket.SOCK_DGRAM)[0]
     if hosting:
         sock = _listening(store, 0)
         if sock is not None:
             sock.close()
-            return socket.gethostbyname(store)
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect((socket.gethostbyname(store), 9))  # a UDP connect sends nothing: it picks the route
+            return where[0]
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect(where)  # a UDP connect sends nothing: it picks the route
         return probe.getsockname()[0]
 
 
