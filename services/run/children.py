@@ -115,14 +115,14 @@ class Child:
             self.process.wait()
             self._reap(below)
         else:
-            self._reap(session(self.process.pid))  # what it left behind when it exited (a crashed learner's ranks)
+            self._reap(session(self.process.pid, leader_gone=True))  # what it left (a crashed learner's ranks)
 
     def stop(self, timeout_s: float = 60.0) -> int | None:
         """SIGTERM, wait, then SIGKILL; whatever it started and left behind is killed too. The exit code."""
         if self.process is None:
             return None
         if self.process.poll() is not None:
-            self._reap(session(self.process.pid))  # it exited on its own: what it left in its session goes too
+            self._reap(session(self.process.pid, leader_gone=True))  # it exited: what it left in its session
             return self.exit_code
         below = self._below()
         self.process.send_signal(signal.SIGTERM)
@@ -130,7 +130,7 @@ class Child:
             self.process.wait(timeout_s)
         except subprocess.TimeoutExpired:
             self.kill()
-        self._reap({**below, **session(self.process.pid)})
+        self._reap({**below, **session(self.process.pid, leader_gone=True)})
         return self.exit_code
 
     def _below(self) -> dict[int, str]:

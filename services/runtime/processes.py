@@ -45,9 +45,10 @@ def tree(pid: int) -> dict[int, str]:
     return found
 
 
-def session(sid: int) -> dict[int, str]:
+def session(sid: int, leader_gone: bool = False) -> dict[int, str]:
     """Every live process of session `sid` but its leader (a child started in a session of its own leaves
-    its processes there when it exits): pid -> start time."""
+    its processes there when it exits): pid -> start time. With `leader_gone` (the caller reaped the
+    leader), a live process holding the pid means the pid was reused by a new session: none is ours."""
     found: dict[int, str] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -55,6 +56,8 @@ def session(sid: int) -> dict[int, str]:
         except (OSError, IndexError):
             continue
         pid = int(stat.parent.name)
+        if pid == sid and leader_gone and fields[0] not in ("Z", "X"):
+            return {}
         if int(fields[3]) == sid and pid != sid and fields[0] not in ("Z", "X"):
             found[pid] = fields[19]
     return found

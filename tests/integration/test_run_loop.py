@@ -2,6 +2,9 @@
 the learner's starting policy is prepared before the services start and shared as configured; a
 service that exits or stops answering its /healthz is started again (the learner with --resume)
 within the restart budget, here with real processes."""
+import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -263,3 +266,22 @@ def test_a_child_that_exited_on_its_own_leaves_nothing_in_its_session(tmp_path, 
     assert not _alive(helper)
     if how == "restart":
         child.stop(timeout_s=5.0)
+
+
+def test_a_session_whose_leader_pid_is_alive_again_is_not_reaped_as_a_gone_childs():
+    """A pid is free for reuse once its session has no member left; a new process that took it and made a
+    session of its own is someone else's, and its members are not a gone child's leftovers."""
+    from coevolve.services.runtime.processes import session
+
+    code = ("import subprocess, sys, time; "
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)")
+    leader = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not session(leader.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(session(leader.pid)) == 1  # its child, in its session
+        assert session(leader.pid, leader_gone=True) == {}  # the pid is held by a live leader: not ours
+    finally:
+        os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait()
