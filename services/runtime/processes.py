@@ -6,6 +6,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Iterator
 
 WITH_PARENT = ("import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGTERM); "
                "os.getppid() != int(sys.argv[1]) and sys.exit(1); os.execv(sys.argv[2], sys.argv[2:])")
@@ -13,17 +14,19 @@ WITH_PARENT = ("import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signa
 across exec) set to SIGTERM: it is told to stop once the process that started it is gone, even killed."""
 
 
-def children(pid: int) -> list[int]:
-    """The processes whose parent is `pid` (Linux /proc)."""
-    found = []
+def _stats() -> Iterator[tuple[int, list[str]]]:
+    """(pid, the fields of /proc/<pid>/stat after the command) of every process (Linux /proc)."""
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
+        except (OSError, IndexError):  # gone meanwhile
             continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
+        yield int(stat.parent.name), fields
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid`."""
+    return [child for child, fields in _stats() if int(fields[1]) == pid]
 
 
 def _started(pid: int) -> str | None:
@@ -50,12 +53,7 @@ def session(sid: int, leader_gone: bool = False) -> dict[int, str]:
     its processes there when it exits): pid -> start time. With `leader_gone` (the caller reaped the
     leader), a live process holding the pid means the pid was reused by a new session: none is ours."""
     found: dict[int, str] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        pid = int(stat.parent.name)
+    for pid, fields in _stats():
         if pid == sid and leader_gone and fields[0] not in ("Z", "X"):
             return {}
         if int(fields[3]) == sid and pid != sid and fields[0] not in ("Z", "X"):
