@@ -122,7 +122,7 @@ class Child:
         if self.process is None:
             return None
         if self.process.poll() is not None:
-            self._reap(session(self.process.pid, leader_gone=True))  # it exited: what it left in its session
+            self.kill()  # it exited on its own: what it left in its session goes
             return self.exit_code
         below = self._below()
         self.process.send_signal(signal.SIGTERM)
