@@ -207,10 +207,11 @@ def replay(bootstrap: str, error_type: str, service: str | None = None, topic: s
         chosen = list({str(i.event["event_id"]): i.event for i in taken
                        if i.name == "DeadLettered" and _matches(i.event, error_type, service, topic)}.values())
         out = Replayed()
-        records = _records_at(bootstrap, [letter for letter in chosen if held_back(letter, topic) is None])
-        for letter in chosen:
+        held = [held_back(letter, topic) for letter in chosen]
+        records = _records_at(bootstrap, [letter for letter, why in zip(chosen, held) if why is None])
+        for letter, why in zip(chosen, held):
             position = (str(letter["source_topic"]), int(letter["source_partition"]), int(letter["source_offset"]))
-            why = held_back(letter, topic) or unproven(letter, records.get(position))
+            why = why or unproven(letter, records.get(position))
             if why is not None:
                 out.held.append((letter, why))
                 continue
