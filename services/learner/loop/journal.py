@@ -119,14 +119,14 @@ def published_record(path: Path) -> StepRecord | None:
 def read(path: Path) -> Entry:
     """The entry in folder `path`."""
     state, records = _load(path / "state.json"), _load(path / "records.json")
-    published = (path / "published.json").is_file()
+    sent = published_record(path)
     batch = [TrainSequence(s["token_ids"], s["loss_mask"], s["logprobs"], s["advantage"])
              for s in _load(path / "batch.json")]
     return Entry(step=int(state["step"]), run_id=str(state["run_id"]), trained=bool(state["trained"]),
                  batch=batch, trajectories=records["trajectories"], evaluation=records["evaluation"],
-                 record=StepRecord.from_event(_load(path / "published.json") if published else records["record"]),
+                 record=sent or StepRecord.from_event(records["record"]),
                  policy_version=int(state["policy_version"]), trainer_updates=int(state["engine_steps"]),
-                 sampler=state["sampler"], published=published, policy_update=records.get("policy_update"),
+                 sampler=state["sampler"], published=sent is not None, policy_update=records.get("policy_update"),
                  subjects=records.get("subjects"))
 
 
