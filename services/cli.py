@@ -362,9 +362,18 @@ def replay(
                                              "(chdb:///dir or a server URL) with the SQL engine (default, "
                                              "without --input or --bootstrap: $REPLAY_CLICKHOUSE_URL, then "
                                              "$CLICKHOUSE_URL)."),
+    sweep: Optional[list[str]] = typer.Option(None, "--sweep", help="FIELD=V1,V2,... (repeat per field: "
+                                              "streams.success_threshold, window, rare_threshold, pattern_length): "
+                                              "signal counts of every set of the product, in one SQL pass; with "
+                                              "--output, every set's signals, each line with its thresholds."),
+    against_run: Optional[str] = typer.Option(None, "--against-run", help="RUN_ID in the archive: which live "
+                                              "signals this set would drop or add, and the explorations, tasks "
+                                              "and trained-on steps that descend from the dropped."),
+    report: Optional[Path] = typer.Option(None, help="Directory for --sweep's table, JSON lines and heatmaps, or "
+                                          "--against-run's tables."),
 ) -> None:
     """Recompute signals from the event log (the archive, --input files, or the topics from offset zero with
-    --bootstrap) with any thresholds; print counts and a diff."""
+    --bootstrap) with any thresholds; print counts and a diff, sweep many sets, or weigh one against a run."""
     from coevolve.streams.replay.command import run_replay
     from coevolve.streams.replay.config import ReplayConfig
 
@@ -372,7 +381,8 @@ def replay(
         cfg = ReplayConfig.of(os.environ, inputs=tuple(input or ()), bootstrap=bootstrap, clickhouse=clickhouse,
                               window=window, success_threshold=success_threshold, rare_threshold=rare_threshold,
                               pattern_length=pattern_length, engine=engine, decoder=decoder, workers=workers,
-                              evidence=evidence, output=output, publish=publish, compare=compare)
+                              evidence=evidence, output=output, publish=publish, compare=compare,
+                              sweep=tuple(sweep or ()), against_run=against_run, report=report)
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from None
     try:

@@ -14,8 +14,8 @@ import uuid
 from coevolve.services.clickhouse.client import gc_paused
 from coevolve.services.clickhouse.sql import insert_rows, jit_off
 from coevolve.streams.replay.sources import evidence_of
-from coevolve.streams.replay.sql_stages import (Source, attempt_sql, rare_counts_sql, rare_sql, rollouts_sql,
-                                                stage_sql)
+from coevolve.streams.replay.sql_stages import (Source, attempt_sql, pattern_counts_sql, rare_sql, rare_where,
+                                                rollouts_sql, stage_sql)
 from coevolve.streams.rules import EvidenceLimits, Signal, Thresholds, forgets, rare_signal, signal_order
 
 
@@ -33,20 +33,25 @@ def replay_sql(client, source: Source, thresholds: Thresholds = Thresholds(),
         return _replay_sql(client, source, thresholds, limits, evidence)
 
 
-STAGES = ("first", "triggers", "opened", "groups", "late", "attempts", "cuts", "excluded", "keys", "rare",
-          "raised", "tasks")
+STAGES = ("first", "triggers", "opened", "groups", "late", "attempts", "cuts", "excluded", "keys", "patterns",
+          "rare", "raised", "tasks")
 
 
 @contextlib.contextmanager
-def materialized(client, source: Source, th: Thresholds, slim: bool = False):
-    """Every stage of `stage_sql`, the closed attempts and the rare counts as temporary tables; yields
-    their names (`t`), and drops them all afterwards. JIT compilation is off meanwhile (`jit_off`)."""
+def materialized(client, source: Source, th: Thresholds | None, slim: bool = False):
+    """Every stage of `stage_sql` as temporary tables, and with thresholds `th` the step's pattern counts
+    (`patterns`) and its rare ones (`rare`); yields their names (`t`), and drops them all afterwards
+    (`t` may gain tables meanwhile). JIT compilation is off meanwhile (`jit_off`)."""
     tag = uuid.uuid4().hex[:8]
     t = {name: f"replay_{name}_{tag}" for name in STAGES}
     with jit_off(client), _dropped(client, t):
-        for name, select in stage_sql(t, source, th, slim):
+        for name, select in stage_sql(t, source, slim):
             client.command(f"CREATE TEMPORARY TABLE {t[name]} ENGINE = Memory AS {select}")
-        client.command(f"CREATE TEMPORARY TABLE {t['rare']} ENGINE = Memory AS {rare_counts_sql(t, th)}")
+        if th is not None:
+            client.command(f"CREATE TEMPORARY TABLE {t['patterns']} ENGINE = Memory AS "
+                           f"{pattern_counts_sql(t, th.pattern_length)}")
+            client.command(f"CREATE TEMPORARY TABLE {t['rare']} ENGINE = Memory AS "
+                           f"SELECT * FROM {t['patterns']} WHERE {rare_where(th.rare_threshold)}")
         yield t
 
 

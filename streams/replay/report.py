@@ -53,11 +53,16 @@ def iter_json_lines(lines: Iterable[str]) -> Iterator[dict]:
         line = line.strip()
         if line:
             yield json.loads(line)
+def signal_line(signal: Signal, evidence: bool = True) -> str:
+    """A signal's JSON line, as every signal file holds it."""
+    return json.dumps(signal.to_json(evidence), separators=(",", ":")) + "\n"
+
+
 def write_jsonl(signals: Iterable[Signal], path: Path | str, evidence: bool = True) -> int:
     n = 0
     with open(path, "w") as fh:
         for s in signals:
-            fh.write(json.dumps(s.to_json(evidence), separators=(",", ":")) + "\n")
+            fh.write(signal_line(s, evidence))
             n += 1
     return n
 

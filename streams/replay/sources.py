@@ -123,6 +123,17 @@ def read_topics(bootstrap: str, idle_s: float = 2.0) -> Iterator[tuple[str, dict
             yield item.name, item.event
 
 
+def topic_files(bootstrap: str, directory: Path) -> list[Path]:
+    """The topics' trajectories and completed steps, from offset zero, as Avro log files in `directory`
+    (in the order `read_topics` yields them): what the SQL engine reads when the source is the broker."""
+    from coevolve.schemas.container import LogWriter
+
+    with LogWriter(directory / "topics.avro") as writer:
+        for name, event in read_topics(bootstrap):
+            writer.write(name, event)
+    return writer.close()
+
+
 def split_inputs(paths: Iterable[Path | str]) -> tuple[list[Path], list[Path]]:
     """(trajectory files, completed-step files) among the inputs and the step files beside them."""
     named = [(p, record_name(p)) for p in expand_inputs(paths)]

@@ -59,7 +59,8 @@ def _forgetting_of(client, t: dict[str, str], th: Thresholds, unsettled: dict[in
     """Forgetting among the unsettled attempts: their previous W closed attempts from `attempt_sql`,
     and exact means where a score is near tau."""
     tau = th.success_threshold
-    client.command(f"CREATE TEMPORARY TABLE {t['tasks']} (tk UInt64) ENGINE = Memory")
+    client.command(f"CREATE TEMPORARY TABLE IF NOT EXISTS {t['tasks']} (tk UInt64) ENGINE = Memory")
+    client.command(f"TRUNCATE TABLE {t['tasks']}")
     insert_rows(client, t["tasks"], ([tk] for tk in set(unsettled.values())))
     rows = [row for row in client.query(attempt_sql(t["attempts"], th, t["tasks"])).result_rows if row[3] in unsettled]
     near = [row for row in rows if row[9]]
@@ -74,6 +75,24 @@ def _forgetting_of(client, t: dict[str, str], th: Thresholds, unsettled: dict[in
     return out
 
 
+def attempt_signals(client, t: dict[str, str], th: Thresholds) -> tuple[list[list], int]:
+    """The boundary and forgetting signals of the materialized attempts under `th`, as [kind, run_id,
+    step, task_id] rows, and how many attempts SQL alone could not settle."""
+    raised = []
+    unsettled: dict[int, int] = {}  # group key -> task key
+    for run_id, task_id, step, gk, tk, boundary, settled, forgetting in \
+            client.query(screen_sql(t["attempts"], th)).result_rows:
+        if boundary:
+            raised.append(["boundary", run_id, step, task_id])
+        if settled and forgetting:
+            raised.append(["forgetting", run_id, step, task_id])
+        elif not settled:
+            unsettled[gk] = tk
+    if unsettled:
+        raised += _forgetting_of(client, t, th, unsettled)
+    return raised, len(unsettled)
+
+
 def replay_sql_lines(client, source: Source, thresholds: Thresholds, output: Path | None,
                      local: bool) -> dict:
     """Write the log's signal set to `output` as JSON lines without evidence; return stats as
@@ -82,18 +101,7 @@ def replay_sql_lines(client, source: Source, thresholds: Thresholds, output: Pat
     started = time.perf_counter()
     th = thresholds
     with materialized(client, source, th, slim=True) as t:
-        raised = []
-        unsettled: dict[int, int] = {}  # group key -> task key
-        for run_id, task_id, step, gk, tk, boundary, settled, forgetting in \
-                client.query(screen_sql(t["attempts"], th)).result_rows:
-            if boundary:
-                raised.append(["boundary", run_id, step, task_id])
-            if settled and forgetting:
-                raised.append(["forgetting", run_id, step, task_id])
-            elif not settled:
-                unsettled[gk] = tk
-        if unsettled:
-            raised += _forgetting_of(client, t, th, unsettled)
+        raised, unsettled = attempt_signals(client, t, th)
         counts = {kind: sum(r[0] == kind for r in raised) for kind in ("forgetting", "boundary")}
         counts["rare"] = int(client.query(f"SELECT count() FROM {t['rare']}").result_rows[0][0])
         unsafe = 0
@@ -103,11 +111,11 @@ def replay_sql_lines(client, source: Source, thresholds: Thresholds, output: Pat
             insert_rows(client, t["raised"], raised)
             unsafe = int(client.query(unsafe_sql(t)).result_rows[0][0])
             if unsafe:  # a string JSON must escape: Python formats the same lines
-                write_jsonl(_python_signals(client, t, th, raised), output, evidence=False)
+                write_jsonl(python_signals(client, t, th, raised), output, evidence=False)
             else:
                 _write(client, lines_sql(t, th), Path(output), local)
         events, valid = log_stats(client, t)
-    stats = {"events": events, "valid": valid, "unsettled": len(unsettled), "counts": counts,
+    stats = {"events": events, "valid": valid, "unsettled": unsettled, "counts": counts,
              "sql_seconds": time.perf_counter() - started}
     if unsafe:
         stats["formatted_by"] = "python"
@@ -115,9 +123,9 @@ def replay_sql_lines(client, source: Source, thresholds: Thresholds, output: Pat
     return stats
 
 
-def _python_signals(client, t: dict[str, str], th: Thresholds, raised: list[list]) -> list[Signal]:
-    """The signals `lines_sql` would format, from the raised attempts and the materialized rare counts,
-    in its order."""
+def python_signals(client, t: dict[str, str], th: Thresholds, raised: list[list]) -> list[Signal]:
+    """The signals `lines_sql` would format, from the raised attempts and the materialized rare counts
+    (`t['rare']`), in its order."""
     signals = [Signal(kind, run_id, step, task_id, th, task_id=task_id) for kind, run_id, step, task_id in raised]
     signals += [rare_signal(run_id, step, p, th, incomplete)
                 for run_id, step, p, incomplete, *_counts in client.query(rare_sql(t, th, 0)).result_rows]

@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from coevolve.services.clickhouse.sql import quote_path
+from coevolve.services.clickhouse.sql import literal, quote_path
 from coevolve.streams.replay.sources import split_inputs
 from coevolve.streams.rules import KEEP_CLOSED, SEP, Thresholds
 
@@ -50,12 +50,15 @@ class Source:
     evidence: tuple[str, object]
 
 
-def archive_source(db: str) -> Source:
-    """The archive; pos = (partition + 1, offset) of the event's first occurrence in the log."""
+def archive_source(db: str, run_id: str | None = None) -> Source:
+    """The archive (or one run of it: every rule reads within a run); pos = (partition + 1, offset) of
+    the event's first occurrence in the log."""
+    where = f" WHERE run_id = {literal(run_id)}" if run_id is not None else ""
     traj = f"""SELECT toUInt64(bitShiftLeft(toUInt64(log_partition + 1), 44) + toUInt64(log_offset)) AS pos,
         event_id, run_id, step, task_id, rollout_index, group_size, score, action_names AS names
-        FROM {db}.trajectories FINAL"""
-    return Source(traj, f"SELECT run_id, step, trajectory_count FROM {db}.steps FINAL", True, ("archive", db))
+        FROM {db}.trajectories FINAL{where}"""
+    return Source(traj, f"SELECT run_id, step, trajectory_count FROM {db}.steps FINAL{where}", True,
+                  ("archive", db))
 
 
 def file_source(paths: list[Path]) -> Source:
@@ -73,7 +76,7 @@ def file_source(paths: list[Path]) -> Source:
     return Source(traj, steps, False, ("files", trajectory_files))
 
 
-def stage_sql(t: dict[str, str], source: Source, th: Thresholds, slim: bool = False) -> list[tuple[str, str]]:
+def stage_sql(t: dict[str, str], source: Source, slim: bool = False) -> list[tuple[str, str]]:
     """(table, SELECT) pairs, materialized in order as temporary tables named by `t`. `slim`: without
     event ids and rollout indexes past deduplication (the signal set needs neither; evidence does)."""
     first = f"SELECT *, toUInt64(1) AS copies FROM ({source.trajectories})" if source.unique else f"""
@@ -151,10 +154,9 @@ def stage_sql(t: dict[str, str], source: Source, th: Thresholds, slim: bool = Fa
     ]
 
 
-def counted_sql(t: dict[str, str], th: Thresholds, columns: str = "") -> str:
+def counted_sql(t: dict[str, str], n: int, columns: str = "") -> str:
     """The rollouts rare counts, with their `patterns` (n consecutive names joined by SEP) and any
     further `columns` of the first occurrences."""
-    n = th.pattern_length
     patterns = "names" if n == 1 else (
         f"arrayMap(i -> arrayStringConcat(arraySlice(names, i, {n}), '{SEP}'), "
         f"range(1, toUInt64(greatest(length(names) - {n} + 2, 1))))")
@@ -231,15 +233,19 @@ def rollouts_sql(t: dict[str, str], keys: str, slim: bool = False) -> str:
     WHERE valid AND gk IN (SELECT gk FROM {keys}) AND pos NOT IN (SELECT pos FROM {t['late']}) GROUP BY gk"""
 
 
-def rare_counts_sql(t: dict[str, str], th: Thresholds) -> str:
-    """(sk, p, c, total) of every rare pattern: 0 < c_p and 100 c_p < theta N. One 64-bit key per (step,
-    pattern) (the pattern's hash is computed once per distinct name, on the LowCardinality dictionary)."""
+def pattern_counts_sql(t: dict[str, str], n: int) -> str:
+    """(sk, p, c, total) of every pattern of length `n` a step's counted rollouts used: c_p and N. One
+    64-bit key per (step, pattern) (the pattern's hash is computed once per distinct name, on the
+    LowCardinality dictionary). No threshold enters: every theta filters this one table."""
     return f"""
-    SELECT s AS sk, p, c, total FROM (
-        SELECT s, p, c, sum(c) OVER (PARTITION BY s) AS total
-        FROM (SELECT bitXor(sk, cityHash64(x)) AS key, any(sk) AS s, any(x) AS p, count() AS c
-              FROM ({counted_sql(t, th)}) ARRAY JOIN patterns AS x GROUP BY key))
-    WHERE c > 0 AND 100 * c < {float(th.rare_threshold)} * total"""
+    SELECT s AS sk, p, c, sum(c) OVER (PARTITION BY s) AS total
+    FROM (SELECT bitXor(sk, cityHash64(x)) AS key, any(sk) AS s, any(x) AS p, count() AS c
+          FROM ({counted_sql(t, n)}) ARRAY JOIN patterns AS x GROUP BY key)"""
+
+
+def rare_where(theta: float) -> str:
+    """The rare rule over a pattern-count row: 0 < c_p and 100 c_p < theta N."""
+    return f"c > 0 AND 100 * c < {float(theta)} * total"
 
 
 def rare_sql(t: dict[str, str], th: Thresholds, keep: int) -> str:
@@ -251,7 +257,7 @@ def rare_sql(t: dict[str, str], th: Thresholds, keep: int) -> str:
     return f"""
     SELECT any(c.run_id), any(c.step), h.p, any(c.incomplete), any(r.c), any(r.total),
            arraySort(groupUniqArray(h.task_id)), groupArraySorted({keep})(h.event_id)
-    FROM (SELECT sk, event_id, task_id, p FROM ({counted_sql(t, th, 'event_id, task_id,')})
+    FROM (SELECT sk, event_id, task_id, p FROM ({counted_sql(t, th.pattern_length, 'event_id, task_id,')})
           ARRAY JOIN arrayDistinct(patterns) AS p WHERE (sk, p) IN (SELECT sk, p FROM {t['rare']})) AS h
     INNER JOIN {t['rare']} AS r ON h.sk = r.sk AND h.p = r.p
     INNER JOIN {t['cuts']} AS c ON h.sk = c.sk
