@@ -57,7 +57,7 @@ def rank_child(args) -> None:
     from coevolve.services.learner.ranks.driver import Driver, follow
     from coevolve.services.learner.ranks.group import Ranks, init_group
     from coevolve.services.learner.ranks.split import split
-    from coevolve.services.learner.trainer.build import prepare_policy
+    from coevolve.services.learner.trainer.build import wrap_policy
     from coevolve.services.learner.trainer.fsdp_trainer import FSDPTrainer
     from bench.shapes import random_llama
     from coevolve.services.learner.trainer.trainer import PolicyWeights
@@ -65,7 +65,7 @@ def rank_child(args) -> None:
     ranks = Ranks.from_env()
     init_group(ranks)
     config = GRPOConfig(lr=1e-6, kl_beta=0.0)
-    engine = split(FSDPTrainer(prepare_policy(random_llama(args.shape, seed=0), config), config))
+    engine = split(FSDPTrainer(wrap_policy(random_llama(args.shape, seed=0), config), config))
     if not ranks.driver:
         follow(engine)
         return

@@ -335,7 +335,7 @@ def rank_child(args) -> None:
     import torch.distributed as dist
 
     from coevolve.services.learner.config import GRPOConfig
-    from coevolve.services.learner.trainer.build import build_trainer, prepare_policy
+    from coevolve.services.learner.trainer.build import build_trainer, wrap_policy
     from coevolve.services.learner.ranks.driver import Driver, follow
     from coevolve.services.learner.ranks.group import Ranks, init_group
     from coevolve.services.learner.ranks.split import split
@@ -358,7 +358,7 @@ def rank_child(args) -> None:
     if args.rank_child == "fsdp":
         from coevolve.services.learner.trainer.fsdp_trainer import FSDPTrainer
 
-        engine = FSDPTrainer(prepare_policy(model, config), config)
+        engine = FSDPTrainer(wrap_policy(model, config), config)
     else:
         engine = build_trainer(model, config)
     del model

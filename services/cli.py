@@ -161,9 +161,9 @@ def deadletters_replay(reason: str = typer.Option(..., "--reason", help="The err
                        bootstrap: Optional[str] = BootstrapOpt) -> None:
     """Re-publish the original bytes of matching letters to their source topics, each once; a letter whose
     payload does not belong on its topic is held back with the reason."""
-    from coevolve.services.kafka.deadletters import replay
+    from coevolve.services.kafka.deadletters import republish
 
-    done = replay(_require(bootstrap), reason, service, topic)
+    done = republish(_require(bootstrap), reason, service, topic)
     topics = sorted({str(letter["source_topic"]) for letter in done.sent})
     print(f"replayed {len(done.sent)} dead letter(s) of {reason}" + (f" from {service}" if service else "") +
           (f" to {', '.join(topics)}" if topics else ""))
@@ -540,7 +540,7 @@ def learner(
     Every setting of LearnerSettings (services/learner/config.py) is also read from LEARNER_<FIELD>. With
     learner.world_size above 1 it starts that many training ranks under torchrun (services/learner/ranks/launch.py)."""
     from coevolve.services.learner.ranks.group import Ranks
-    from coevolve.services.learner.loop.replay import resolve_run
+    from coevolve.services.learner.loop.resume import run_to_continue
     from coevolve.services.learner.loop.service import Learner
 
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0  # torchrun restarted the group
@@ -551,7 +551,7 @@ def learner(
         from coevolve.services.run.children import coevolve_command
 
         try:
-            resolve_run(settings.learner)
+            run_to_continue(settings.learner)
         except ConfigError as exc:
             raise typer.BadParameter(str(exc)) from None
         raise typer.Exit(run_ranks(settings.ranks, sys.argv[1:], coevolve_command()))

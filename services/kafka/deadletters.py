@@ -188,7 +188,7 @@ class Replayed:
     held: list[tuple[dict, str]] = field(default_factory=list)
 
 
-def replay(bootstrap: str, error_type: str, service: str | None = None, topic: str | None = None,
+def republish(bootstrap: str, error_type: str, service: str | None = None, topic: str | None = None,
            join_timeout_s: float = 60.0) -> Replayed:
     """Re-publish every not yet replayed letter of `error_type` (from `service`, of `topic`) whose payload
     belongs on its source topic (`held_back`) to that topic."""

@@ -35,7 +35,7 @@ def _session(s: loop.Session, tally: Tally, phases: dict[str, float]) -> str:
     printed: set[int] = set()
     clock = time.monotonic()
     try:
-        loop.prepare_policy(s)
+        loop.warm_up_policy(s)
         phases["warmup"] = time.monotonic() - clock
         clock = time.monotonic()
         loop.start(s)
@@ -103,7 +103,7 @@ def run_loop(plan: Plan, workdir: Path, bootstrap: str | None = None, resume: bo
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _interrupt)
     workdir = workdir.resolve()
-    run = loop.resolve_run(workdir, plan, resume, run_id)
+    run = loop.choose_run(workdir, plan, resume, run_id)
     logs.to_file(workdir / "logs" / "run.log")
     print(f"run {run} (preset {plan.preset}, {plan.run.steps} steps) in {workdir}", flush=True)
     tally, phases = Tally(run_id=run), {}

@@ -61,7 +61,7 @@ class Session:
         return self.supervisor.report() if self.supervisor else []
 
 
-def resolve_run(workdir: Path, plan: Plan, resume: bool, run_id: str | None) -> str:
+def choose_run(workdir: Path, plan: Plan, resume: bool, run_id: str | None) -> str:
     """The run id: a new one (recorded in `<workdir>/run.json` as the latest), or with --resume the
     latest. Runs share the workdir's archive, so the report compares them; each has its own state."""
     record = workdir / "run.json"
@@ -101,7 +101,7 @@ def make_children(s: Session) -> dict[str, Child]:
     return children
 
 
-def prepare_policy(s: Session) -> None:
+def warm_up_policy(s: Session) -> None:
     """Warm the learner's policy up before any service starts (it then has the cores to itself, and the
     learner finds it cached), and note it for run.shared_policy. Nothing to do without either."""
     warm = bool(s.plan.value("learner", "warmup_steps", 0))

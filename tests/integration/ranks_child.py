@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from coevolve.services.learner.trainer.batch import TrainSequence
 from coevolve.services.learner.config import GRPOConfig
-from coevolve.services.learner.trainer.build import build_trainer, load_trainer, prepare_policy
+from coevolve.services.learner.trainer.build import build_trainer, load_trainer, wrap_policy
 from coevolve.services.learner.loop import checkpoint as ckpt
 from coevolve.services.learner.ranks.driver import Driver, follow
 from coevolve.services.learner.ranks.group import Ranks, init_group, leave, release
@@ -79,7 +79,7 @@ def engine_for(kind: str, config: dict):
         from coevolve.services.learner.trainer.fsdp_trainer import FSDPTrainer
 
         grpo = GRPOConfig(**config)
-        return FSDPTrainer(prepare_policy(model, grpo), grpo)
+        return FSDPTrainer(wrap_policy(model, grpo), grpo)
     return build_trainer(model, GRPOConfig(**config, deepspeed_config=kind))
 
 

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from coevolve.schemas import default_registry
 from coevolve.services.cli import app
 from coevolve.services.kafka.consumer import EventConsumer, dead_letter
-from coevolve.services.kafka.deadletters import read_letters, replay, summarize
+from coevolve.services.kafka.deadletters import read_letters, republish, summarize
 from coevolve.services.kafka.producer import EventProducer
 from coevolve.services.kafka.topics import DEADLETTER, SIGNALS, STEPS, TASKS
 from tests.cli_output import plain
@@ -49,10 +49,10 @@ def test_a_redelivered_bad_input_is_one_letter_listed_and_replayed_once(bootstra
     assert all(f"coevolve.steps:0@{offset}" in listed for offset in range(3)) and "explorer" in listed
     future = CliRunner().invoke(app, ["deadletters", "list", "--bootstrap", bootstrap, "--since", "2999-01-01"])
     assert "no dead letters since 2999-01-01" in plain(future.output)
-    malformed = replay(bootstrap, "malformed", "explorer")  # bytes that would only be dead-lettered again
+    malformed = republish(bootstrap, "malformed", "explorer")  # bytes that would only be dead-lettered again
     assert not malformed.sent and len(malformed.held) == 2
     assert all(why.startswith("its payload does not decode") for _, why in malformed.held)
-    done = replay(bootstrap, "invalid", "explorer")
+    done = republish(bootstrap, "invalid", "explorer")
     assert [s["event_id"] for s in done.sent] == [s["event_id"] for s in letters if s["error_type"] == "invalid"]
     again = CliRunner().invoke(app, ["deadletters", "replay", "--reason", "invalid", "--service", "explorer",
                                      "--bootstrap", bootstrap])
@@ -84,7 +84,7 @@ def test_a_forged_letter_does_not_reach_the_task_stream_and_the_validators_own_g
     unnamed = CliRunner().invoke(app, ["deadletters", "replay", "--reason", "invalid", "--bootstrap", bootstrap])
     assert unnamed.exit_code == 0 and "replayed 0 dead letter(s)" in plain(unnamed.output)
     assert plain(unnamed.output).count("held back") == 5
-    named = replay(bootstrap, "invalid", topic=TASKS.name)
+    named = republish(bootstrap, "invalid", topic=TASKS.name)
     assert [s["event_id"] for s in named.sent] == [own["event_id"]]
     why = {letter["event_id"]: reason for letter, reason in named.held}
     assert "validator's output" in why[forged["event_id"]]

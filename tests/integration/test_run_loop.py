@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from coevolve.services.run.children import Child, ChildFailed
-from coevolve.services.run.loop import Session, make_children, prepare_policy, resolve_run, train
+from coevolve.services.run.loop import Session, make_children, warm_up_policy, choose_run, train
 from coevolve.services.run.plan import make_plan
 from coevolve.services.run.supervise import RestartPolicy, Supervisor, Watch
 from coevolve.services.run.tally import Tally
@@ -24,29 +24,29 @@ pytestmark = pytest.mark.integration
 def test_runs_in_one_workdir_get_new_ids_and_resume_takes_the_latest(tmp_path):
     plan = make_plan("smoke")
     with pytest.raises(ConfigError, match="--resume: .*run.json does not exist"):
-        resolve_run(tmp_path, plan, resume=True, run_id=None)
-    first = resolve_run(tmp_path, plan, resume=False, run_id="first")
-    second = resolve_run(tmp_path, plan, resume=False, run_id=None)
+        choose_run(tmp_path, plan, resume=True, run_id=None)
+    first = choose_run(tmp_path, plan, resume=False, run_id="first")
+    second = choose_run(tmp_path, plan, resume=False, run_id=None)
     assert first == "first" and second != first
-    assert resolve_run(tmp_path, plan, resume=True, run_id=None) == second
+    assert choose_run(tmp_path, plan, resume=True, run_id=None) == second
 
 
 def test_an_explicit_run_id_that_exists_must_be_resumed(tmp_path):
     plan = make_plan("smoke")
     (tmp_path / "runs" / "mine").mkdir(parents=True)
     with pytest.raises(ConfigError, match="already exists.*--resume"):
-        resolve_run(tmp_path, plan, resume=False, run_id="mine")
+        choose_run(tmp_path, plan, resume=False, run_id="mine")
 
 
 def _session(tmp_path, *overrides: str) -> Session:
     plan = make_plan("smoke", list(overrides))
-    return Session(plan, tmp_path, resolve_run(tmp_path, plan, resume=False, run_id="r"), False,
+    return Session(plan, tmp_path, choose_run(tmp_path, plan, resume=False, run_id="r"), False,
                    bootstrap="127.0.0.1:1")
 
 
 def test_the_processes_sharing_the_policy_get_the_learners_starting_model(tmp_path):
     s = _session(tmp_path, "learner.warmup_steps=0", "run.shared_policy=validator")
-    prepare_policy(s)  # a real `coevolve learner --policy-only`: no warm-up, so the configured model
+    warm_up_policy(s)  # a real `coevolve learner --policy-only`: no warm-up, so the configured model
     assert s.policy == "tiny-random"
     children = make_children(s)
     assert children["validator"].env["VALIDATOR_MODEL"] == "tiny-random"
@@ -57,7 +57,7 @@ def test_the_processes_sharing_the_policy_get_the_learners_starting_model(tmp_pa
 def test_a_policy_that_cannot_be_prepared_fails_the_run_with_its_log(tmp_path):
     s = _session(tmp_path, "learner.model=no-such-model", "learner.warmup_steps=5")
     with pytest.raises(ChildFailed, match=r"preparing the policy failed \(exit code [1-9].*warmup.log"):
-        prepare_policy(s)
+        warm_up_policy(s)
     assert "no-such-model" in (tmp_path / "logs" / "warmup.log").read_text()
 
 

@@ -9,7 +9,7 @@ from coevolve.services.learner.loop import checkpoint as ckpt
 from coevolve.services.learner.trainer.batch import TrainSequence
 from coevolve.services.learner.config import GRPOConfig, LearnerConfig, LearnerSettings
 from coevolve.services.learner.trainer.build import build_trainer
-from coevolve.services.learner.loop.replay import resolve_run
+from coevolve.services.learner.loop.resume import run_to_continue
 from coevolve.services.learner.loop.service import Learner
 from bench.shapes import random_llama
 from coevolve.services.runtime.config import ConfigError
@@ -62,18 +62,18 @@ def test_only_the_newest_checkpoints_are_kept(tmp_path):
 
 def test_no_checkpoint_means_a_fresh_run(tmp_path):
     assert ckpt.latest_checkpoint(tmp_path) is None
-    run_id, found = resolve_run(LearnerConfig(workdir=tmp_path, resume=True))
+    run_id, found = run_to_continue(LearnerConfig(workdir=tmp_path, resume=True))
     assert found is None and run_id.startswith("run-")
-    assert resolve_run(LearnerConfig(workdir=tmp_path, run_id="mine"))[0] == "mine"
+    assert run_to_continue(LearnerConfig(workdir=tmp_path, run_id="mine"))[0] == "mine"
 
 
 def test_an_existing_run_needs_resume_and_keeps_its_id(tmp_path):
     ckpt.save_checkpoint(tmp_path, engine(), step=1, run_id="run-a", policy_version=1, sampler={}, config={})
     with pytest.raises(ConfigError, match="--resume"):
-        resolve_run(LearnerConfig(workdir=tmp_path))
-    assert resolve_run(LearnerConfig(workdir=tmp_path, resume=True))[0] == "run-a"
+        run_to_continue(LearnerConfig(workdir=tmp_path))
+    assert run_to_continue(LearnerConfig(workdir=tmp_path, resume=True))[0] == "run-a"
     with pytest.raises(ConfigError, match="run-a"):
-        resolve_run(LearnerConfig(workdir=tmp_path, resume=True, run_id="run-b"))
+        run_to_continue(LearnerConfig(workdir=tmp_path, resume=True, run_id="run-b"))
 
 
 def test_a_dangling_latest_pointer_is_a_clear_error(tmp_path):

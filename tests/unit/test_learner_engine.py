@@ -192,11 +192,11 @@ def test_packed_rollouts_give_the_unpacked_loss_and_gradients(fields):
 
 def test_an_engine_refuses_a_model_not_prepared_for_its_config():
     from coevolve.services.learner.trainer.trainer import TorchTrainer
-    from coevolve.services.learner.trainer.build import prepare_policy
+    from coevolve.services.learner.trainer.build import wrap_policy
 
     with pytest.raises(ValueError, match="packing attention first"):
         TorchTrainer(random_llama("tiny", seed=0, **SMALL), GRPOConfig(lr=1e-3))
     with pytest.raises(ValueError, match="lora_rank=2 but the model has no LoRA adapters"):
         TorchTrainer(random_llama("tiny", seed=0, **SMALL), GRPOConfig(lr=1e-3, shared_prefix=False, lora_rank=2))
     config = GRPOConfig(lr=1e-3, lora_rank=2, lora_targets="q_proj")
-    assert TorchTrainer(prepare_policy(random_llama("tiny", seed=0, **SMALL), config), config).updates == 0
+    assert TorchTrainer(wrap_policy(random_llama("tiny", seed=0, **SMALL), config), config).updates == 0

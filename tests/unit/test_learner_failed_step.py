@@ -112,7 +112,7 @@ def test_a_step_failing_after_its_update_is_not_checkpointed_and_a_resume_replay
 
     resumed = learner(tmp_path, resume=True)
     resumed.producer = Producer()
-    resumed._replay()
+    resumed._redo_journal()
     assert resumed.done == journaled[-1] and resumed.trainer.updates == len(journaled)
     if failure == "push":  # step 2 runs again from step 1's weights
         assert all(torch.equal(a, b) for a, b in zip(weights(resumed.trainer), after_one))

@@ -12,7 +12,7 @@ from coevolve.services.learner.loop import journal
 from coevolve.services.learner.trainer.batch import TrainSequence
 from coevolve.services.learner.config import LearnerConfig, LearnerSettings, SamplerConfig
 from coevolve.services.learner.loop.sampler import TaskPool
-from coevolve.services.learner.loop.replay import resolve_run
+from coevolve.services.learner.loop.resume import run_to_continue
 from coevolve.services.learner.loop.service import Learner
 from coevolve.services.learner.loop.record import StepRecord
 from coevolve.services.runtime.config import ConfigError
@@ -94,10 +94,10 @@ def test_a_checkpoint_prunes_the_entries_at_or_below_its_step_and_unfinished_wri
 def test_a_journal_without_a_checkpoint_is_a_run_to_resume(tmp_path):
     journal.write(tmp_path, entry(1, run_id="run-crashed"))
     with pytest.raises(ConfigError, match="step journal of run run-crashed.*--resume"):
-        resolve_run(LearnerConfig(workdir=tmp_path))
-    assert resolve_run(LearnerConfig(workdir=tmp_path, resume=True)) == ("run-crashed", None)
+        run_to_continue(LearnerConfig(workdir=tmp_path))
+    assert run_to_continue(LearnerConfig(workdir=tmp_path, resume=True)) == ("run-crashed", None)
     with pytest.raises(ConfigError, match="differs"):
-        resolve_run(LearnerConfig(workdir=tmp_path, resume=True, run_id="other"))
+        run_to_continue(LearnerConfig(workdir=tmp_path, resume=True, run_id="other"))
 
 
 class CountingTrainer:
@@ -141,7 +141,7 @@ def test_a_resume_replays_each_journaled_step_and_sends_its_records_again(tmp_pa
     journal.write(tmp_path, journal.Entry(**{**entry(2).__dict__, "sampler": after_two}))  # crashed mid-publish
     service = replaying(tmp_path)
     with caplog.at_level(logging.INFO, logger="coevolve.learner"):
-        assert service._replay() == 2
+        assert service._redo_journal() == 2
     assert service.done == 2 and service.trainer.updates == 2
     assert service.trainer.batches == [entry(1).batch, entry(2).batch]
     assert service.pool.state() == after_two == service.pool_state
@@ -163,8 +163,8 @@ def test_a_replay_follows_the_checkpoint_and_refuses_a_journal_that_does_not(tmp
     journal.write(tmp_path, journal.Entry(**{**entry(1, trained=False).__dict__, "trainer_updates": 0}))
     journal.write(tmp_path, journal.Entry(**{**entry(2).__dict__, "trainer_updates": 1}))
     service = replaying(tmp_path)
-    assert service._replay() == 2 and service.trainer.batches == [entry(2).batch]
+    assert service._redo_journal() == 2 and service.trainer.batches == [entry(2).batch]
     journal.write(tmp_path, entry(3))  # it claims three updates; only one was journaled before it
     again = replaying(tmp_path)
     with pytest.raises(RuntimeError, match="does not continue the checkpoint"):
-        again._replay()
+        again._redo_journal()

@@ -3,7 +3,7 @@ letters of the tasks the pool refused.
 
 A step's trajectories go first, confirmed by the broker; then its `PolicyUpdated`, its evaluations
 (held-out, subjects) and its `StepCompleted`. A replayed step sends the records its journal entry holds
-(`replay.py`), the very ones a consumer may already have; so does a step sent again through a broker
+(`resume.py`), the very ones a consumer may already have; so does a step sent again through a broker
 outage (`publish_journaled`).
 
 Unloadable tasks. A task whose episode cannot start (BFCL's `InvalidTask`) is refused by the pool when

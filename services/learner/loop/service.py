@@ -9,7 +9,7 @@ A step that fails after its update (a push no server took, a publish the broker 
 the learner with `learner.step_failed` and the fix; `finish()` checkpoints only a step its weights hold.
 
 Resuming. `--resume` restores the latest checkpoint, replays the journal's entries after it without
-rollouts (`replay.py`, publishing what they hold), pushes the weights once, and trains on. A run on the
+rollouts (`resume.py`, publishing what they hold), pushes the weights once, and trains on. A run on the
 rollout fleet pushes its starting weights at start too: a long-lived fleet may serve another run's policy.
 
 Unloadable tasks. A task whose episode cannot start is refused or dropped by the pool (sampler.py); the
@@ -32,7 +32,7 @@ from coevolve.services.learner.loop import checkpoint as ckpt, journal
 from coevolve.services.learner.loop.evaluation import due, evaluate_all
 from coevolve.services.learner.loop.feed import TaskFeed, tasks_consumer
 from coevolve.services.learner.loop.publish import publish_evaluation, publish_journaled, report_unloadable
-from coevolve.services.learner.loop.replay import replay, resolve_run
+from coevolve.services.learner.loop.resume import redo_journaled, run_to_continue
 from coevolve.services.learner.loop.results import StepOutcome
 from coevolve.services.learner.loop.sampler import TaskPool
 from coevolve.services.learner.loop.step import Reward, StepRunner
@@ -67,7 +67,7 @@ class Learner(Service):
         self.sampling = SamplingConfig(temperature=self.grpo.temperature, max_new_tokens=self.cfg.max_new_tokens,
                                        seed=self.backend_cfg.seed)
         self.reward = reward
-        self.run_id, self.resumed = resolve_run(self.cfg)
+        self.run_id, self.resumed = run_to_continue(self.cfg)
         world = self.ranks.world_size if self.ranks.many else settings.ranks.world_size  # launched, or to launch
         if self.resumed is not None and self.resumed.world_size != world:
             raise ConfigError(f"the checkpoint at step {self.resumed.step} of run {self.run_id} holds the shards of "
@@ -107,7 +107,7 @@ class Learner(Service):
             self.pool.restore(self.resumed.sampler)
             self.pool_state = self.resumed.sampler
         self.producer = EventProducer(self.cfg.kafka_bootstrap, client_id="coevolve-learner", service="learner")
-        version = self._replay()
+        version = self._redo_journal()
         self.updates_done = self.trainer.updates
         self.runner = StepRunner(self.cfg, self.grpo, self.pool, self.backend, self.trainer, self.sampling,
                                  self.limits, self.run_id, self.reward)
@@ -197,10 +197,10 @@ class Learner(Service):
             self.feed.stop()
             self.log.info("learner.pool_frozen", pool=self.pool.size, synthesized=len(self.pool.synthesized))
 
-    def _replay(self) -> int:
-        """Replay the journal after the checkpoint (replay.py); return the policy version."""
+    def _redo_journal(self) -> int:
+        """Redo the journal's steps after the checkpoint (resume.py); return the policy version."""
         version = self.resumed.policy_version if self.resumed is not None else 0
-        for entry, loss in replay(self.cfg.workdir, self.done, self.run_id, self.trainer, self.pool, self.producer):
+        for entry, loss in redo_journaled(self.cfg.workdir, self.done, self.run_id, self.trainer, self.pool, self.producer):
             self.done, version, self.pool_state = entry.step, entry.policy_version, entry.sampler
             self.telemetry.replayed.inc()
             self.beat()

@@ -10,7 +10,7 @@ from coevolve.services.learner.trainer.trainer import Trainer, TorchTrainer
 from coevolve.services.learner.trainer.lora import add_lora
 
 
-def prepare_policy(model: torch.nn.Module, config: GRPOConfig) -> torch.nn.Module:
+def wrap_policy(model: torch.nn.Module, config: GRPOConfig) -> torch.nn.Module:
     """Ready a transformers model for the updates `config` asks for; return the model to train.
 
     In this order: with `shared_prefix`, switch it to the packing attention (registered with
@@ -27,9 +27,9 @@ def prepare_policy(model: torch.nn.Module, config: GRPOConfig) -> torch.nn.Modul
 
 
 def build_trainer(model: torch.nn.Module, config: GRPOConfig, pad_id: int = 0) -> Trainer:
-    """`prepare_policy(model)` in a trainer: DeepSpeed when `config.deepspeed_config` names a file; else
+    """`wrap_policy(model)` in a trainer: DeepSpeed when `config.deepspeed_config` names a file; else
     FSDP2 in a process group of several ranks, plain torch in one process."""
-    model = prepare_policy(model, config)
+    model = wrap_policy(model, config)
     if config.deepspeed_config:
         # Imported here: importing deepspeed picks its accelerator once (deepspeed_trainer's docstring).
         from coevolve.services.learner.trainer.deepspeed_trainer import DeepSpeedTrainer
@@ -63,10 +63,10 @@ def load_trainer(model_dir: str, config: GRPOConfig, pad_id: int, seed: int, dev
 
     source = None
     if dist.get_rank() == 0:
-        source = prepare_policy(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), config)
+        source = wrap_policy(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), config)
     with torch.device("meta"):
         policy = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=torch.float32)
-    return FSDPTrainer(prepare_policy(policy, config), config, pad_id, source=source, device=device)
+    return FSDPTrainer(wrap_policy(policy, config), config, pad_id, source=source, device=device)
 
 
 def _zero3_trainer(model_dir: str, config: GRPOConfig, pad_id: int, device: torch.device) -> Trainer:
@@ -82,7 +82,7 @@ def _zero3_trainer(model_dir: str, config: GRPOConfig, pad_id: int, device: torc
     import_deepspeed(device)
     partitioning = HfDeepSpeedConfig(deepspeed_settings(config))  # transformers holds it weakly: keep it
     try:
-        policy = prepare_policy(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), config)
+        policy = wrap_policy(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), config)
         reference = None
         if config.kl_beta > 0 and not config.lora_rank:
             reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)

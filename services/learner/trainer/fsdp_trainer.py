@@ -5,7 +5,7 @@ root, so a forward gathers one layer's weights at a time and the backward reduce
 gradients; every rank keeps a 1/N shard of the weights, the gradients and AdamW's moments. With
 `autocast` bf16 the units compute in bfloat16 (`MixedPrecisionPolicy`), gradients reduced in float32,
 weights and moments kept in float32. LoRA adapters, gradient checkpointing and the packing attention
-are set before sharding (`build.prepare_policy`) and shard with the rest; frozen base weights are
+are set before sharding (`build.wrap_policy`) and shard with the rest; frozen base weights are
 sharded too. The KL reference, when asked for, is sharded the same way.
 
 A learner's ranks build the model on the meta device (`build.load_trainer`): only rank 0 reads the

@@ -7,7 +7,7 @@ accumulated gradient equals the full batch's, whatever the micro-batch size. Wit
 (the default) a micro-batch is a pack of rollouts with the same prompt (`packing.py`), which is
 computed once for the pack instead of once per rollout.
 
-A trainer takes a model already prepared for its config (`build.prepare_policy`: the packing
+A trainer takes a model already prepared for its config (`build.wrap_policy`: the packing
 attention, gradient checkpointing, LoRA); `build.build_trainer` does both. The reference policy for
 the KL term exists only when `kl_beta > 0`: a frozen copy of the starting weights (or the `reference`
 given, the same weights loaded apart), or, with LoRA, the same model with its adapters switched off
@@ -34,7 +34,7 @@ from coevolve.services.learner.trainer.lora import is_lora, merged_named_paramet
 class Trainer:
     """The update loop shared by every trainer; subclasses own the optimizer, the backward and the files.
 
-    `model` must be prepared for `config` (`build.prepare_policy`); the constructor checks the parts
+    `model` must be prepared for `config` (`build.wrap_policy`); the constructor checks the parts
     that would otherwise compute something else silently, and changes nothing in the model."""
 
     STATS = ("loss", "pg_loss", "kl", "clipped", "abs_log_ratio", "behaviour_weight", "weight_capped")
@@ -45,10 +45,10 @@ class Trainer:
         if config.shared_prefix and model.config._attn_implementation != packing.ATTENTION:
             raise ValueError("shared_prefix packs rollouts, which needs the model switched to the packing "
                              "attention first: build the trainer with build.build_trainer, or call "
-                             "build.prepare_policy on the model")
+                             "build.wrap_policy on the model")
         if bool(config.lora_rank) != is_lora(model):
             raise ValueError(f"lora_rank={config.lora_rank} but the model {'has no' if config.lora_rank else 'has'} "
-                             "LoRA adapters: prepare it with build.prepare_policy")
+                             "LoRA adapters: prepare it with build.wrap_policy")
         self.config = config
         self.pad_id = pad_id
         self.updates = 0

@@ -1,4 +1,4 @@
-"""Resuming: the run a workdir holds (`resolve_run`), and the replay of its step journal (`journal.py`)
+"""Resuming: the run a workdir holds (`run_to_continue`), and the replay of its step journal (`journal.py`)
 after the checkpoint the learner restored.
 
 Event ids derive from (run, step, task, rollout), and consumers keep the first copy of an id, so a step
@@ -27,7 +27,7 @@ from coevolve.services.learner.loop.sampler import TaskPool
 from coevolve.services.runtime.config import ConfigError
 
 
-def replay(workdir: Path, done: int, run_id: str, trainer: Any, pool: TaskPool,
+def redo_journaled(workdir: Path, done: int, run_id: str, trainer: Any, pool: TaskPool,
            producer: Any) -> Iterator[tuple[journal.Entry, float | None]]:
     """Replay the journal's entries after step `done`; yield each entry, once replayed, with the loss of
     its update again (None when it did not train)."""
@@ -46,7 +46,7 @@ def replay(workdir: Path, done: int, run_id: str, trainer: Any, pool: TaskPool,
         yield entry, loss
 
 
-def resolve_run(cfg: LearnerConfig) -> tuple[str, ckpt.Checkpoint | None]:
+def run_to_continue(cfg: LearnerConfig) -> tuple[str, ckpt.Checkpoint | None]:
     """The run id and the checkpoint to continue from; refuse to overwrite a run without --resume. A
     journal without a checkpoint (a crash before the first one) is a run to resume too."""
     found = ckpt.latest_checkpoint(cfg.workdir)
