@@ -68,7 +68,7 @@ def main() -> None:
         learner.start()
         try:
             for _ in range(args.steps):
-                learner.step()
+                learner.poll()
                 records.append(learner.last.record.to_event())
         finally:
             learner.finish()

@@ -99,7 +99,7 @@ class Archiver(Service):
         self.bar = tqdm(desc="archive", unit="event", disable=None, leave=False)
         self.last_event = time.monotonic()
 
-    def step(self) -> None:
+    def poll(self) -> None:
         """Poll once; store and commit the batch when it is full or old enough; stop when idle long enough."""
         cfg, batch = self.cfg, self.batch
         items = self.consumer.poll(0.2, cfg.poll_records)

@@ -96,7 +96,7 @@ class Explorer(Service):
             self._publish([self._explore(Plan(cfg.run_id, 0, 0, (), 0, 0, "start"))])
         self.last_event = time.monotonic()
 
-    def step(self) -> None:
+    def poll(self) -> None:
         """Poll once, gather, explore the periods that closed, publish, and commit when no signal waits."""
         items = self.consumer.poll(0.5, self.cfg.poll_records)  # bounded: a backlog is worked off in batches
         self.beat()

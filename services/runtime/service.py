@@ -11,7 +11,7 @@ stops gracefully on SIGTERM/SIGINT, and offsets committed only after the work is
         def start(self):                     # open clients once the health server is up
             self.consumer = EventConsumer(self.cfg.kafka_bootstrap, [self.cfg.topic], group_id="echo")
 
-        def step(self):                      # one poll; return when there is nothing to do
+        def poll(self):                      # one pass; return when there is nothing to do
             items = self.consumer.poll(0.2)
             self.beat()                      # /healthz turns 503 after `stale_s` without a beat
             self.settle(lambda: publish(items), self.consumer.commit, len(items))
@@ -40,7 +40,7 @@ from coevolve.services.runtime.log import get_logger
 
 
 class Service:
-    """Subclass with a `name`, and `step()` (or `loop()`); `run()` blocks until `stop()`."""
+    """Subclass with a `name`, and `poll()` (or `loop()`); `run()` blocks until `stop()`."""
 
     name = "service"
     stale_s = 30.0  # /healthz answers 503 when the loop has not beaten for this long
@@ -70,7 +70,7 @@ class Service:
     def start(self) -> None:
         """Open clients; called once the health server runs."""
 
-    def step(self) -> None:
+    def poll(self) -> None:
         """Do one round of work (a poll and what follows); called until stopped."""
         raise NotImplementedError
 
@@ -84,7 +84,7 @@ class Service:
     # -- the skeleton --
     def loop(self) -> None:
         while not self._stop.is_set():
-            self.step()
+            self.poll()
 
     def run(self) -> int:
         """Serve health and metrics, start, loop until stopped, finish; return the committed events."""
@@ -112,7 +112,7 @@ class Service:
         return self.run()
 
     def stop(self) -> None:
-        """End the loop after the current step; `finish()` still runs."""
+        """End the loop after the current poll; `finish()` still runs."""
         self._stop.set()
 
     @property
@@ -120,7 +120,7 @@ class Service:
         return self._stop.is_set()
 
     def beat(self) -> None:
-        """Mark the loop alive (call once per step)."""
+        """Mark the loop alive (call once per poll)."""
         self.last_beat = time.monotonic()
 
     def watch(self, check: Callable[[], str | None]) -> None:

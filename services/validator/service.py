@@ -122,7 +122,7 @@ class Validator(Service):
             known += 1
         return known
 
-    def step(self) -> None:
+    def poll(self) -> None:
         """Poll once, group, check the groups that are ready, publish, commit when no group waits."""
         items = self.consumer.poll(0.5, self.cfg.poll_records)  # bounded: a backlog is worked off in batches
         self.beat()

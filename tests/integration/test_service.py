@@ -36,7 +36,7 @@ class QueueService(Service):
         self.inbox, self.fail_on = list(batches), fail_on
         self.stored, self.committed, self.finished = [], [], False
 
-    def step(self) -> None:
+    def poll(self) -> None:
         self.beat()
         if not self.inbox:
             time.sleep(0.01)
@@ -110,7 +110,7 @@ def test_sigterm_stops_the_loop_and_runs_finish():
             name = "idle"
             def start(self):
                 print("started", flush=True)
-            def step(self):
+            def poll(self):
                 self.beat()
                 time.sleep(0.01)
             def finish(self):

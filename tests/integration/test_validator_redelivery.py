@@ -32,7 +32,7 @@ def _validator(bootstrap: str, monkeypatch, attempt: str) -> Validator:
 
 def _run_until(validator: Validator, done, steps: int = 60) -> None:
     for _ in range(steps):
-        validator.step()
+        validator.poll()
         if done():
             return
     raise AssertionError(f"the validator did not get there in {steps} polls: {validator.details()}")
@@ -54,7 +54,7 @@ def test_a_group_redelivered_after_a_crash_keeps_its_one_verdict(bootstrap, monk
     try:
         _run_until(second, lambda: second.m_judged._value.get() == 1)
         for _ in range(5):
-            second.step()
+            second.poll()
         assert second.checked == 0
     finally:
         second.finish()

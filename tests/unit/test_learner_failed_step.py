@@ -94,11 +94,11 @@ def test_a_step_failing_after_its_update_is_not_checkpointed_and_a_resume_replay
     service = learner(tmp_path)
     service.producer = Producer(fail_from=None if failure == "push" else 6)  # step 2's trajectories fail
     service.runner = Runner(service, fail_step=2 if failure == "push" else None)
-    service.step()
+    service.poll()
     after_one = weights(service.trainer)
     error = WeightTransferError if failure == "push" else DeliveryError
     with caplog.at_level(logging.WARNING, logger="coevolve.learner"), pytest.raises(error):
-        service.step()
+        service.poll()
     (failed,) = [r.fields for r in caplog.records if r.getMessage() == "learner.step_failed"]
     assert failed["step"] == 2 and failed["reason"].startswith(error.__name__) and "--resume" in failed["fix"]
     assert service.done == 1 and service.trainer.updates == 2
@@ -122,10 +122,10 @@ def test_a_step_failing_before_its_update_leaves_the_checkpoint_of_the_last_step
     service = learner(tmp_path)
     service.producer = Producer()
     service.runner = Runner(service)
-    service.step()
+    service.poll()
     service.runner.run = lambda step: (_ for _ in ()).throw(WeightTransferError("rollouts failed"))
     with pytest.raises(WeightTransferError):
-        service.step()
+        service.poll()
     service.finish()
     found, fresh = ckpt.latest_checkpoint(tmp_path), trainer()
     ckpt.restore_trainer(fresh, found)
@@ -140,9 +140,9 @@ def test_a_broker_outage_shorter_than_the_allowance_is_ridden_out_and_the_step_s
     service = learner(tmp_path)
     service.producer = Producer(fail_from=6, outage=2)  # step 2's trajectories, then its step record
     service.runner = Runner(service)
-    service.step()
+    service.poll()
     with caplog.at_level(logging.WARNING, logger="coevolve.learner"):
-        service.step()
+        service.poll()
     retries = [r.fields for r in caplog.records if r.getMessage() == "learner.publish_retry"]
     assert [(r["step"], r["retry_in_s"]) for r in retries] == [(2, 1.0), (2, 2.0)]
     assert not [r for r in caplog.records if r.getMessage() == "learner.step_failed"]

@@ -59,7 +59,7 @@ def unhealthy_while(service) -> list[float]:
     watcher = threading.Thread(target=probe)
     watcher.start()
     try:
-        service.step()
+        service.poll()
     finally:
         done.set()
         watcher.join()

@@ -209,7 +209,7 @@ class Learner(Service):
                           version=version, record_was_sent=entry.published)
         return version
 
-    def step(self) -> None:
+    def poll(self) -> None:
         """One GRPO step, journaled, published and checkpointed; stop after the last."""
         step = self.done + 1
         try:
