@@ -9,6 +9,7 @@ set, never as an exception, so one bad request cannot stop a batch of episodes.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol, Sequence
@@ -126,6 +127,22 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Release the engine, threads and memory."""
+
+
+class TakingTurns:
+    """The in-process backends' turns: one generate call or one weight update at a time. An update (from
+    another thread) waits for a call, and a call for an update, so every completion comes from the one
+    version it carries. A subclass sets `self.lock` and implements `_generate` and `_update_weights`."""
+
+    lock: threading.Lock
+
+    def generate(self, requests: Sequence[Request], sampling: SamplingConfig) -> list[Completion]:
+        with self.lock:
+            return self._generate(requests, sampling)
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int | None = None) -> Push:
+        with self.lock:
+            return self._update_weights(named_tensors, version)
 
 
 def no_room(prompt_len: int, max_model_len: int, version: int) -> Completion | None:

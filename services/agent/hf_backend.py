@@ -11,13 +11,14 @@ import threading
 import time
 from typing import Any, Iterable, Sequence
 
-from coevolve.services.agent.generation import BackendStats, Completion, CountedTensors, Push, Request, request_seed
+from coevolve.services.agent.generation import (BackendStats, Completion, CountedTensors, Push, Request,
+                                                 TakingTurns, request_seed)
 from coevolve.services.agent.config import BackendConfig, SamplingConfig
 from coevolve.services.agent.precision import default_device, resolve_dtype
 from coevolve.services.agent.templates import ChatTemplate
 
 
-class TransformersBackend:
+class TransformersBackend(TakingTurns):
     """A Hugging Face causal LM generating in batches on CPU or one GPU."""
 
     name = "transformers"
@@ -42,12 +43,6 @@ class TransformersBackend:
         self.lock = threading.Lock()
         self.stats = BackendStats()
         self._calls = 0
-
-    def generate(self, requests: Sequence[Request], sampling: SamplingConfig) -> list[Completion]:
-        """One call at a time: an update (`update_weights`, from another thread) waits for it, and it for an
-        update, so every completion comes from the one version it carries."""
-        with self.lock:
-            return self._generate(requests, sampling)
 
     def _generate(self, requests: Sequence[Request], sampling: SamplingConfig) -> list[Completion]:
         """Generate in batches of `batch_size`; a batch that raises fails its requests alone."""
@@ -108,10 +103,6 @@ class TransformersBackend:
                 text, reason = text[:text.index(stop)], "stop"
         return Completion(text=text, token_ids=tuple(ids), logprobs=lps, finish_reason=reason,
                           policy_version=self.version, prompt_tokens=prompt_len)
-
-    def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int | None = None) -> Push:
-        with self.lock:
-            return self._update_weights(named_tensors, version)
 
     def _update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int | None = None) -> Push:
         """Copy (name, tensor) pairs into the model's parameters."""

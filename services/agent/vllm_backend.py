@@ -12,14 +12,14 @@ import time
 from typing import Any, Iterable, Sequence
 
 from coevolve.services.agent import vllm_quirks
-from coevolve.services.agent.generation import (BackendStats, Completion, CountedTensors, Push, Request, no_room,
-                                                request_seed)
+from coevolve.services.agent.generation import (BackendStats, Completion, CountedTensors, Push, Request, TakingTurns,
+                                                no_room, request_seed)
 from coevolve.services.agent.config import BackendConfig, SamplingConfig
 from coevolve.services.agent.precision import resolve_dtype
 from coevolve.services.agent.templates import ChatTemplate
 
 
-class VllmBackend:
+class VllmBackend(TakingTurns):
     """One in-process vLLM engine for one model."""
 
     name = "vllm"
@@ -52,12 +52,6 @@ class VllmBackend:
                               seed=seed, stop=list(sampling.stop) or None, logprobs=0,
                               stop_token_ids=self.template.stop_token_ids(),
                               structured_outputs=structured)
-
-    def generate(self, requests: Sequence[Request], sampling: SamplingConfig) -> list[Completion]:
-        """One call at a time: an update (`update_weights`, from another thread) waits for it, and it for an
-        update, so every completion comes from the one version it carries."""
-        with self.lock:
-            return self._generate(requests, sampling)
 
     def _generate(self, requests: Sequence[Request], sampling: SamplingConfig) -> list[Completion]:
         """Generate every request in one engine call; a request the engine refuses fails alone."""
@@ -97,10 +91,6 @@ class VllmBackend:
         reason = "length" if out.finish_reason == "length" else "stop"
         return Completion(text=out.text, token_ids=ids, logprobs=logprobs, finish_reason=reason,
                           policy_version=self.version, prompt_tokens=len(output.prompt_token_ids))
-
-    def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int | None = None) -> Push:
-        with self.lock:
-            return self._update_weights(named_tensors, version)
 
     def _update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int | None = None) -> Push:
         """Load (name, tensor) pairs, named as in the Hugging Face checkpoint, into the engine."""
