@@ -18,7 +18,7 @@ from pathlib import Path
 
 from coevolve.services.clickhouse.sql import literal
 from coevolve.streams.replay.engine_sql import materialized
-from coevolve.streams.replay.sql_lines import attempt_signals, python_signals
+from coevolve.streams.replay.sql_lines import python_signals, raise_attempts, raised_rows
 from coevolve.streams.replay.sql_stages import archive_source
 from coevolve.streams.rules import KINDS, Thresholds
 
@@ -55,8 +55,8 @@ def _query(client, sql: str) -> list[tuple]:
 def replayed_keys(client, db: str, run_id: str, th: Thresholds) -> set[tuple[str, int, str]]:
     """(kind, step, subject) of every signal the run's log raises under `th`."""
     with materialized(client, archive_source(db, run_id), th, slim=True) as t:
-        raised, _ = attempt_signals(client, t, th)
-        return {(s.kind, s.step, s.subject) for s in python_signals(client, t, th, raised)}
+        raise_attempts(client, t, th, t["raised"])
+        return {(s.kind, s.step, s.subject) for s in python_signals(client, t, th, raised_rows(client, t["raised"]))}
 
 
 def against_run(client, db: str, run_id: str, chosen: Callable[[Thresholds], Thresholds]) -> Counterfactual:

@@ -1,9 +1,9 @@
 """The signal set as JSON lines, hashed and formatted by ClickHouse: the SQL replay without evidence.
 
-Scalar windows decide most attempts in SQL (`screen_sql`). Python reads only the attempts that raise a
-signal or are unsettled (an earlier attempt closed after them, or a mean lies within sumKahan's slack of
-tau): those it decides with `attempt_sql` and, near tau, with math.fsum as the reference does. It hands
-the raised attempt signals back to ClickHouse, which computes each id (the same SHA-256 of the same
+Scalar windows decide most attempts in SQL (`screen_sql`), which writes their signals to a table. Python
+reads only the unsettled attempts (an earlier attempt closed after them, or a mean lies within sumKahan's
+slack of tau): those it decides with `attempt_sql` and, near tau, with math.fsum as the reference does,
+and adds their signals to the table. ClickHouse then computes each id (the same SHA-256 of the same
 JSON text as `streams.rules.signal_id`), formats every line and sorts them; the bytes equal those
 `write_jsonl(signals, evidence=False)` writes. JSON text needs no escaping when every string is
 printable ASCII without `"` or `\\`; ClickHouse checks that first, on the distinct strings, and if one
@@ -75,22 +75,31 @@ def _forgetting_of(client, t: dict[str, str], th: Thresholds, unsettled: dict[in
     return out
 
 
-def attempt_signals(client, t: dict[str, str], th: Thresholds) -> tuple[list[list], int]:
-    """The boundary and forgetting signals of the materialized attempts under `th`, as [kind, run_id,
-    step, task_id] rows, and how many attempts SQL alone could not settle."""
-    raised = []
-    unsettled: dict[int, int] = {}  # group key -> task key
-    for run_id, task_id, step, gk, tk, boundary, settled, forgetting in \
-            client.query(screen_sql(t["attempts"], th)).result_rows:
-        if boundary:
-            raised.append(["boundary", run_id, step, task_id])
-        if settled and forgetting:
-            raised.append(["forgetting", run_id, step, task_id])
-        elif not settled:
-            unsettled[gk] = tk
+def raise_attempts(client, t: dict[str, str], th: Thresholds, table: str) -> int:
+    """The boundary and forgetting signals of the materialized attempts under `th`, as rows (kind, run_id,
+    step, task_id) of a new temporary `table` (a name of `t`, dropped with it). SQL writes the settled
+    ones; Python decides the rest (`_forgetting_of`). Return how many attempts SQL could not settle."""
+    screened = f"{table}_screen"
+    t[screened] = screened
+    client.command(f"CREATE TEMPORARY TABLE {screened} ENGINE = Memory AS {screen_sql(t['attempts'], th)}")
+    client.command(f"CREATE TEMPORARY TABLE {table} (kind String, run_id String, step Int64, task_id String) "
+                   "ENGINE = Memory")
+    client.command(f"""INSERT INTO {table} SELECT kind, run_id, step, task_id FROM {screened} ARRAY JOIN
+        arrayFilter(k -> k != '', [if(boundary, 'boundary', ''), if(settled AND forgetting, 'forgetting', '')]) AS kind""")
+    unsettled = dict(client.query(f"SELECT gk, tk FROM {screened} WHERE NOT settled").result_rows)
     if unsettled:
-        raised += _forgetting_of(client, t, th, unsettled)
-    return raised, len(unsettled)
+        insert_rows(client, table, _forgetting_of(client, t, th, unsettled))
+    return len(unsettled)
+
+
+def raised_counts(client, table: str) -> dict[str, int]:
+    forgetting, boundary = client.query(f"SELECT countIf(kind = 'forgetting'), countIf(kind = 'boundary') "
+                                        f"FROM {table}").result_rows[0]
+    return {"forgetting": int(forgetting), "boundary": int(boundary)}
+
+
+def raised_rows(client, table: str) -> list[list]:
+    return [list(r) for r in client.query(f"SELECT kind, run_id, step, task_id FROM {table}").result_rows]
 
 
 def replay_sql_lines(client, source: Source, thresholds: Thresholds, output: Path | None,
@@ -101,17 +110,14 @@ def replay_sql_lines(client, source: Source, thresholds: Thresholds, output: Pat
     started = time.perf_counter()
     th = thresholds
     with materialized(client, source, th, slim=True) as t:
-        raised, unsettled = attempt_signals(client, t, th)
-        counts = {kind: sum(r[0] == kind for r in raised) for kind in ("forgetting", "boundary")}
+        unsettled = raise_attempts(client, t, th, t["raised"])
+        counts = raised_counts(client, t["raised"])
         counts["rare"] = int(client.query(f"SELECT count() FROM {t['rare']}").result_rows[0][0])
         unsafe = 0
         if output is not None:
-            client.command(f"CREATE TEMPORARY TABLE {t['raised']} (kind String, run_id String, step Int64, "
-                           "task_id String) ENGINE = Memory")
-            insert_rows(client, t["raised"], raised)
             unsafe = int(client.query(unsafe_sql(t)).result_rows[0][0])
             if unsafe:  # a string JSON must escape: Python formats the same lines
-                write_jsonl(python_signals(client, t, th, raised), output, evidence=False)
+                write_jsonl(python_signals(client, t, th, raised_rows(client, t["raised"])), output, evidence=False)
             else:
                 _write(client, lines_sql(t, th), Path(output), local)
         events, valid = log_stats(client, t)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from coevolve.streams.replay.engine_sql import log_stats, materialized
 from coevolve.streams.replay.report import signal_line
-from coevolve.services.clickhouse.sql import insert_rows
-from coevolve.streams.replay.sql_lines import attempt_signals, lines_sql, python_signals, unsafe_sql
+from coevolve.streams.replay.sql_lines import (lines_sql, python_signals, raise_attempts, raised_counts, raised_rows,
+                                               unsafe_sql)
 from coevolve.streams.replay.sql_stages import Source, pattern_counts_sql, rare_where
 from coevolve.streams.rules import KINDS, Thresholds
 
@@ -93,8 +93,11 @@ def sweep_sql(client, source: Source, sweep: Sweep, output: Path | None = None,
     sets = sweep.sets()
     with materialized(client, source, None, slim=True) as t:
         staged = time.perf_counter() - started
-        raised = {key: attempt_signals(client, t, replace(sweep.base, success_threshold=key[0], window=key[1]))[0]
-                  for key in _distinct((s.success_threshold, s.window) for s in sets)}
+        raised, attempt_counts = {}, {}
+        for i, key in enumerate(_distinct((s.success_threshold, s.window) for s in sets)):
+            raised[key] = t[f"raised_{i}"] = f"{t['raised']}_{i}"
+            raise_attempts(client, t, replace(sweep.base, success_threshold=key[0], window=key[1]), raised[key])
+            attempt_counts[key] = raised_counts(client, raised[key])
         rare_tables, rare_counts = {}, {}
         for n in _distinct(s.pattern_length for s in sets):
             table = t[f"patterns_{n}"] = f"{t['patterns']}_{n}"
@@ -107,8 +110,7 @@ def sweep_sql(client, source: Source, sweep: Sweep, output: Path | None = None,
                 rare_counts[(n, theta)] = int(count)
         results = []
         for th in sets:
-            rows = raised[(th.success_threshold, th.window)]
-            counts = {kind: sum(r[0] == kind for r in rows) for kind in ("forgetting", "boundary")}
+            counts = dict(attempt_counts[(th.success_threshold, th.window)])
             counts["rare"] = rare_counts[(th.pattern_length, th.rare_threshold)]
             results.append(SetCounts(th, {k: counts[k] for k in KINDS}))
         if output is not None:
@@ -128,23 +130,16 @@ def _write(client, t: dict[str, str], sets: list[Thresholds], raised: dict, rare
     formatted by ClickHouse (`lines_sql`), or by Python where a string needs escaping."""
     from tqdm import tqdm
 
-    tables = {}
-    for i, (key, rows) in enumerate(raised.items()):
-        table = t[f"raised_{i}"] = f"{t['raised']}_{i}"
-        client.command(f"CREATE TEMPORARY TABLE {table} (kind String, run_id String, step Int64, task_id String) "
-                       "ENGINE = Memory")
-        insert_rows(client, table, rows)
-        tables[key] = table
     partial = output.with_name(f".{output.name}.partial")
     try:
         with open(partial, "wb") as fh, tqdm(sets, desc="sweep output", unit="set", file=sys.stderr,
                                              disable=not progress, leave=False) as bar:
             for th in bar:
-                key = (th.success_threshold, th.window)
-                t_set = {**t, "raised": tables[key], "rare": rare_tables[(th.pattern_length, th.rare_threshold)]}
+                table = raised[(th.success_threshold, th.window)]
+                t_set = {**t, "raised": table, "rare": rare_tables[(th.pattern_length, th.rare_threshold)]}
                 if int(client.query(unsafe_sql(t_set)).result_rows[0][0]):
                     fh.writelines(signal_line(s, evidence=False).encode()
-                                  for s in python_signals(client, t_set, th, raised[key]))
+                                  for s in python_signals(client, t_set, th, raised_rows(client, table)))
                 else:
                     fh.write(client.raw_query(lines_sql(t_set, th), fmt="TabSeparatedRaw"))
         partial.replace(output)
