@@ -66,6 +66,9 @@ class ReplayConfig:
         if (self.sweep or self.against_run) and (self.publish or self.compare):
             raise ConfigError("--sweep and --against-run neither publish nor compare: drop --publish and --compare")
         if self.sweep:
+            if sum(map(bool, (self.inputs, self.bootstrap, self.clickhouse))) != 1:
+                raise ConfigError("--sweep reads one source: --input FILES, --bootstrap HOST:PORT (the topics) or "
+                                  "--clickhouse URL (the archive)")
             self.swept()
         if self.against_run is not None:
             if self.sweep:

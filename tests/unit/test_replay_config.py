@@ -45,6 +45,7 @@ def test_a_sweep_is_the_product_of_its_fields_over_the_other_thresholds():
     ({"sweep": ("window=3", "streams.window=5")}, "streams.window is given twice"),
     ({"sweep": ("window=3,3",)}, "a value is listed twice"),
     ({"sweep": ("window=3",), "compare": "old.jsonl"}, "drop --publish and --compare"),
+    ({"sweep": ("window=3",), "clickhouse": "chdb:///a", "bootstrap": "kafka:9092"}, "--sweep reads one source"),
     ({"against_run": "r1"}, "--against-run reads the run's lineage from the archive"),
     ({"against_run": "r1", "clickhouse": "chdb:///a", "sweep": ("window=3,5",)}, "takes one threshold set"),
     ({"against_run": " ", "clickhouse": "chdb:///a"}, "give a run id"),
