@@ -11,7 +11,6 @@ from typer.testing import CliRunner
 from coevolve.services.archive.importer import import_files
 from coevolve.services.cli import app
 from coevolve.services.clickhouse.client import connect
-from coevolve.services.kafka.producer import EventProducer
 from coevolve.services.simulate import SimulationConfig
 from coevolve.streams.replay.command import run_replay
 from coevolve.streams.replay.config import ReplayConfig
@@ -21,7 +20,7 @@ from coevolve.streams.replay.sweep import parse_sweep, sweep_sql
 from coevolve.streams.rules import KINDS, Thresholds
 from tests.cli_output import plain
 from tests.integration.test_sql_lines import python_lines, write_log
-from tests.integration.test_sql_replay import rough_log
+from tests.integration.test_sql_replay import publish_log, rough_log
 
 pytestmark = pytest.mark.integration
 
@@ -93,11 +92,7 @@ def test_the_archive_sweep_and_its_report_equal_per_set_replays(log, tmp_path):
 @pytest.mark.slow
 def test_a_sweep_of_the_topics_equals_the_python_replay_of_the_topics(bootstrap, tmp_path):
     trajectories, steps = rough_log(SimulationConfig(steps=12, tasks=10, batch_tasks=6, group_size=4), seed=3)
-    with EventProducer(bootstrap) as producer:
-        for event in steps:
-            producer.send("coevolve.steps", event, key=event["run_id"])
-        for event in trajectories:
-            producer.send("coevolve.trajectories", event, key=event["task_id"])
+    publish_log(bootstrap, trajectories, steps)
     run_replay(ReplayConfig(bootstrap=bootstrap, sweep=("success_threshold=0.4,0.6", "pattern_length=1,2"),
                             output=tmp_path / "sweep.jsonl"))
     lines = (tmp_path / "sweep.jsonl").read_bytes().splitlines(keepends=True)

@@ -69,6 +69,17 @@ def rough_log(cfg: SimulationConfig, seed: int = 7) -> tuple[list[dict], list[di
     return out, steps
 
 
+def publish_log(bootstrap: str, trajectories: list[dict], steps: list[dict]) -> None:
+    """The completed steps, then the trajectories, on their topics (keyed as the learner keys them)."""
+    from coevolve.services.kafka.producer import EventProducer
+
+    with EventProducer(bootstrap) as producer:
+        for event in steps:
+            producer.send("coevolve.steps", event, key=event["run_id"])
+        for event in trajectories:
+            producer.send("coevolve.trajectories", event, key=event["task_id"])
+
+
 @pytest.fixture(scope="module")
 def big_log(tmp_path_factory):
     """About 110k trajectory events: 300 steps x 48 tasks x 8 rollouts, roughed up."""

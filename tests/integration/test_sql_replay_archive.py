@@ -7,25 +7,20 @@ import pytest
 
 from coevolve.services.archive.archiver import Archiver
 from coevolve.services.archive.config import ArchiverConfig
-from coevolve.services.kafka.producer import EventProducer
 from coevolve.services.simulate import SimulationConfig
 from coevolve.streams.replay.command import run_replay
 from coevolve.streams.replay.config import ReplayConfig
 from coevolve.streams.replay.engine_python import replay_topics
 from coevolve.streams.replay.report import write_jsonl
 from coevolve.streams.rules import Thresholds
-from tests.integration.test_sql_replay import rough_log
+from tests.integration.test_sql_replay import publish_log, rough_log
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_archive_replay_equals_topic_replay(bootstrap, tmp_path):
     trajectories, steps = rough_log(SimulationConfig(steps=30, tasks=24, batch_tasks=16, group_size=6), seed=5)
-    with EventProducer(bootstrap) as producer:
-        for event in steps:
-            producer.send("coevolve.steps", event, key=event["run_id"])
-        for event in trajectories:
-            producer.send("coevolve.trajectories", event, key=event["task_id"])
+    publish_log(bootstrap, trajectories, steps)
     url = f"chdb://{tmp_path}/ch"
     Archiver(ArchiverConfig(kafka_bootstrap=bootstrap, clickhouse_url=url, idle_exit_seconds=1.5,
                             group_id=f"a-{uuid.uuid4().hex[:6]}")).run()
