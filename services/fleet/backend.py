@@ -14,17 +14,7 @@ out fails so ("Server disconnected without sending a response"). A server that d
 fails past the retries, is marked down and its requests re-run on another; with none left, `generate`
 raises `FleetError`. A request a server refuses for its own reason (4xx) fails alone. Idle connections
 are dropped after `KEEPALIVE_S`, before the servers' own keep-alive (uvicorn's 5 s in vLLM) closes them.
-
-An update waits for the requests in flight, holds new ones, and per server pauses it, broadcasts the
-weights over a transfer group of its own (`weight_transfer`: this package's gloo engine on CPU, vLLM's
-nccl engine on GPUs; opened on first use, re-opened after a failure), finishes the update with the new
-version, resets its prefix cache and resumes it, whatever the round's outcome (a server that cannot be
-resumed would hold its requests, so it is marked down). A server whose gloo transfer fails keeps its old
-weights and version, and its completions say so; it is retried at the next update. One whose nccl
-transfer fails may hold layers of two versions (vLLM loads each as it arrives): it is marked down, and
-the next update, which revives it, replaces every layer. One that dies inside a round fails it at once
-(its transfer call breaks; gloo alone would wait out its timeout) and is marked down, whichever of the
-two notices first: after any failed round the server's /health is asked.
+Weight updates: `push.py`; one server's HTTP routes and version labels: `client.py`.
 """
 from __future__ import annotations
 
@@ -34,116 +24,18 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 from coevolve.services.agent.config import BackendConfig, SamplingConfig
-from coevolve.services.agent.generation import BackendStats, Completion, Push, Request, no_room
+from coevolve.services.agent.generation import BackendStats, Completion, Request, no_room
 from coevolve.services.agent.precision import resolve_dtype
 from coevolve.services.agent.templates import ChatTemplate
+from coevolve.services.fleet.client import (FOREIGN, HINT, KEEPALIVE_S, REQUEST_RETRIES, FleetError, Server, ServerDown,
+                                            parse_version)
 from coevolve.services.fleet.config import FleetConfig
-from coevolve.services.runtime.ports import free_port
+from coevolve.services.fleet.push import WeightPushes
 
-# The transfer engines whose server keeps its old weights whole when a transfer breaks half-way: this
-# package's gloo engine loads only at the round's end. vLLM's nccl engine loads each layer as it arrives,
-# so a server it leaves half-way is taken out (marked down) until an update lands in full.
-OLD_WEIGHTS_KEPT = ("gloo",)
-REQUEST_RETRIES = 2  # times a request is sent again to a server that failed it but answers /health
-RESENDABLE = ("pause", "resume", "reset_prefix_cache")  # weight-sync routes that may safely run twice
-KEEPALIVE_S = 2.0  # an idle connection is not reused after this (vLLM's servers close theirs at 5 s)
-_HINT = ("start it with VLLM_SERVER_DEV_MODE=1 and --weight-transfer-config '{\"backend\": \"gloo\"}' "
-         "(fleet.servers.LocalServers does)")
-
-
-class FleetError(RuntimeError):
-    """The fleet cannot serve: a server is unusable at start, or every server is down."""
-
-
-class WeightTransferError(RuntimeError):
-    """No server took a weight update; the policy version did not advance."""
-
-
-class _ServerDown(Exception):
-    """One server failed at the transport level (or answered 5xx)."""
-
-
-@dataclass
-class _Server:
-    url: str
-    index: int
-    version: int = 0
-    up: bool = True
-    in_flight: int = 0
-    served: int = 0
-    engine: Any = None
-    error: str = ""
-
-
-class _SyncClient:
-    """vLLM's weight-sync routes of one server (`VLLMWeightSyncClient`), with the server's error text."""
-
-    def __init__(self, http: Any, url: str):
-        self.http = http
-        self.url = url
-
-    def post(self, path: str, json: Any = None, params: dict | None = None) -> Any:
-        """POST a route; one that may run twice (`RESENDABLE`) is sent again, `REQUEST_RETRIES` times at most,
-        when the server closed the keep-alive connection under it. A route that failed with an exception
-        answers 500 and then has uvicorn close the connection, so the next call often meets exactly that."""
-        import httpx
-
-        for attempt in itertools.count():
-            try:
-                response = self.http.post(f"{self.url}/{path}", json=json, params=params)
-                break
-            except httpx.RemoteProtocolError:
-                if path not in RESENDABLE or attempt >= REQUEST_RETRIES:
-                    raise
-        if response.status_code >= 400:
-            raise RuntimeError(f"{self.url}/{path}: HTTP {response.status_code}: {response.text[:500]}")
-        return response.json() if response.content else None
-
-    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
-        self.post("init_weight_transfer_engine", {"init_info": init_info})
-
-    def start_weight_update(self) -> None:
-        try:
-            self.post("start_weight_update")
-        except RuntimeError as exc:  # a round left open by a failed learner: close it (nothing is pending)
-            if "already active" not in str(exc):
-                raise
-            self.post("finish_weight_update")
-            self.post("start_weight_update")
-
-    def update_weights(self, update_info: dict[str, Any]) -> None:
-        self.post("update_weights", {"update_info": update_info})
-
-    def finish_weight_update(self, weight_version: str | None = None) -> None:
-        self.post("finish_weight_update", {"weight_version": weight_version} if weight_version is not None else None)
-
-    def shutdown_weight_transfer_engine(self) -> None:
-        self.post("shutdown_weight_transfer_engine")
-
-
-FOREIGN = -1
-"""The version of a server whose weights are another run's (a long-lived server the last run updated)."""
-
-
-def version_label(run_id: str, version: int) -> str:
-    """The weight version a server is given: the run's id and its policy version (`run@7`)."""
-    return f"{run_id}@{version}"
-
-
-def _parse_version(value: Any, run_id: str) -> int:
-    """The policy version of this run that a server's `weight_version` names: 0 for vLLM's "default" (the
-    weights it started with), FOREIGN for a version of another run or an unlabelled one."""
-    if value is None or value == "default":
-        return 0
-    run, _, number = str(value).rpartition("@")
-    return int(number) if run == run_id and number.isdigit() else FOREIGN
-
-
-class FleetBackend:
+class FleetBackend(WeightPushes):
     """One or more `vllm serve` processes of one model, driven as one backend."""
 
     name = "vllm-server"
@@ -169,7 +61,7 @@ class FleetBackend:
         self.http = httpx.Client(timeout=fleet.server_timeout_s,
                                  limits=httpx.Limits(max_connections=self.per_server * len(urls) + 2 * len(urls),
                                                      keepalive_expiry=KEEPALIVE_S))
-        self.servers = [_Server(url.rstrip("/"), i) for i, url in enumerate(urls)]
+        self.servers = [Server(url.rstrip("/"), i) for i, url in enumerate(urls)]
         for server in self.servers:
             server.version = self._check(server)
         self.served_model = self._served_model(self.servers[0])
@@ -182,12 +74,12 @@ class FleetBackend:
         self._updating = False
         self._turn = itertools.count()
 
-    def _check(self, server: _Server) -> int:
+    def _check(self, server: Server) -> int:
         """The server's version; FleetError when it does not answer /health and /weight_info."""
         self._get(server, "health")
         return self._version(server)
 
-    def _get(self, server: _Server, path: str) -> Any:
+    def _get(self, server: Server, path: str) -> Any:
         """A 200 answer of the server's `/path`; FleetError otherwise."""
         try:
             response = self.http.get(f"{server.url}/{path}", timeout=10)
@@ -195,19 +87,19 @@ class FleetBackend:
             raise FleetError(f"vLLM server {server.url} does not answer /{path} ({type(exc).__name__}: {exc}); "
                              f"is it running?") from exc
         if response.status_code != 200:
-            raise FleetError(f"vLLM server {server.url} answers /{path} with HTTP {response.status_code}; {_HINT}")
+            raise FleetError(f"vLLM server {server.url} answers /{path} with HTTP {response.status_code}; {HINT}")
         return response
 
-    def _answers(self, server: _Server) -> bool:
+    def _answers(self, server: Server) -> bool:
         try:
             self._get(server, "health")
         except FleetError:
             return False
         return True
 
-    def _version(self, server: _Server) -> int:
+    def _version(self, server: Server) -> int:
         """The version the server reports holding (`/weight_info`); FleetError when it does not answer."""
-        return _parse_version(self._get(server, "weight_info").json().get("weight_version"), self.run_id)
+        return parse_version(self._get(server, "weight_info").json().get("weight_version"), self.run_id)
 
     def _confirm_versions(self) -> None:
         """Each live server's version as it reports it (`/weight_info`), not as last pushed: a server restarted
@@ -226,7 +118,7 @@ class FleetBackend:
                 self._mark_down(server, f"it holds another run's weights; it serves again once an update of run "
                                 f"{self.run_id} lands on it")
 
-    def _served_model(self, server: _Server) -> str:
+    def _served_model(self, server: Server) -> str:
         try:
             return self.http.get(f"{server.url}/v1/models", timeout=10).json()["data"][0]["id"]
         except Exception:
@@ -305,7 +197,7 @@ class FleetBackend:
                 return FleetError(f"every vLLM server of the fleet is down ({self._down_reasons()})")
             try:
                 return self._post(server, payload, len(ids))
-            except _ServerDown as exc:
+            except ServerDown as exc:
                 if retries < REQUEST_RETRIES and self._answers(server):
                     retries += 1
                     continue
@@ -313,7 +205,7 @@ class FleetBackend:
             finally:
                 self._release(server)
 
-    def _acquire(self) -> _Server | None:
+    def _acquire(self) -> Server | None:
         """The live server with the fewest requests in flight (waits while all are at their bound)."""
         with self._cond:
             while True:
@@ -328,12 +220,12 @@ class FleetBackend:
                     return server
                 self._cond.wait()
 
-    def _release(self, server: _Server) -> None:
+    def _release(self, server: Server) -> None:
         with self._cond:
             server.in_flight -= 1
             self._cond.notify_all()
 
-    def _mark_down(self, server: _Server, reason: str) -> None:
+    def _mark_down(self, server: Server, reason: str) -> None:
         with self._cond:
             if server.up:
                 server.up = False
@@ -345,7 +237,7 @@ class FleetBackend:
     def _down_reasons(self) -> str:
         return "; ".join(f"{s.url}: {s.error}" for s in self.servers if not s.up)
 
-    def _post(self, server: _Server, payload: dict[str, Any], prompt_len: int) -> Completion:
+    def _post(self, server: Server, payload: dict[str, Any], prompt_len: int) -> Completion:
         import httpx
 
         try:
@@ -353,9 +245,9 @@ class FleetBackend:
         except httpx.TimeoutException as exc:
             return Completion.failed(f"{server.url}: timed out ({exc})", server.version)
         except httpx.TransportError as exc:
-            raise _ServerDown(f"{type(exc).__name__}: {exc}") from exc
+            raise ServerDown(f"{type(exc).__name__}: {exc}") from exc
         if response.status_code >= 500:
-            raise _ServerDown(f"HTTP {response.status_code}: {response.text[:200]}")
+            raise ServerDown(f"HTTP {response.status_code}: {response.text[:200]}")
         if response.status_code >= 400:
             return Completion.failed(f"{server.url}: HTTP {response.status_code}: {response.text[:500]}",
                                      server.version)
@@ -366,112 +258,6 @@ class FleetBackend:
         return Completion(text=choice.get("text") or "", token_ids=token_ids, logprobs=logprobs,
                           finish_reason="length" if choice.get("finish_reason") == "length" else "stop",
                           policy_version=server.version, prompt_tokens=prompt_len)
-
-    def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int | None = None) -> Push:
-        """Push (name, tensor) pairs, named as in the Hugging Face checkpoint, to every live server."""
-        import httpx
-        import torch
-
-        from coevolve.services.fleet.transfer import NamedTensorSource, register
-
-        register()
-        new_version = self.version + 1 if version is None else int(version)
-        started = time.monotonic()
-        with self._update():
-            try:
-                source = NamedTensorSource(named_tensors, getattr(torch, self.dtype))
-                source.metadata()  # the first pass over the weights; each server's round is another
-            except Exception as exc:
-                raise WeightTransferError(f"no server took version {new_version}: the weights could not be "
-                                          f"read ({type(exc).__name__}: {exc})") from exc
-            self._revive()
-            errors = []
-            for server in self.servers:
-                if not server.up:
-                    continue
-                try:
-                    self._push(server, source, new_version)
-                except Exception as exc:
-                    errors.append(f"{server.url}: {type(exc).__name__}: {exc}")
-                    if isinstance(exc, httpx.TransportError):
-                        self._mark_down(server, f"{type(exc).__name__}: {exc}")
-                    elif not self._answers(server):  # gloo may notice the dead peer before its transfer call does
-                        self._mark_down(server, f"it stopped answering in the transfer of version {new_version} "
-                                        f"({type(exc).__name__}: {exc})")
-                    elif self.fleet.weight_transfer not in OLD_WEIGHTS_KEPT:  # its layers may be of two versions
-                        self._mark_down(server, f"a transfer of version {new_version} broke half-way on "
-                                        f"{self.fleet.weight_transfer} ({type(exc).__name__}: {exc}); it serves "
-                                        "again after a complete update")
-            taken = sum(s.up and s.version == new_version for s in self.servers)
-            self.stats.extra["servers_behind"] = float(sum(s.up and s.version != new_version for s in self.servers))
-            if not taken:
-                raise WeightTransferError(f"no server took version {new_version}: " + ("; ".join(errors) or
-                                          f"every server is down ({self._down_reasons()})"))
-            self.version = new_version
-        seconds = time.monotonic() - started
-        self.stats.extra["last_update_seconds"] = seconds
-        return Push(new_version, source.nbytes, seconds, taken, int(self.stats.extra["servers_behind"]))
-
-    def _push(self, server: _Server, source: Any, version: int) -> None:
-        client = _SyncClient(self.http, server.url)
-        client.post("pause", params={"mode": "wait"})
-        try:
-            if server.engine is None:
-                server.engine = self._engine(server, client, source)
-            if self.fleet.weight_transfer == "gloo":
-                server.engine.send_weights(version_label(self.run_id, version), source=source)
-            else:  # vLLM's own engine replays the source it holds; the version is set apart
-                server.engine.source = source
-                server.engine.send_weights()
-                client.post("update_weight_version", {"new_version": version_label(self.run_id, version)})
-            client.post("reset_prefix_cache")
-            server.version = version
-        except Exception:
-            if server.engine is not None:
-                server.engine.shutdown()
-            server.engine = None
-            raise
-        finally:
-            self._resume(server, client)
-
-    def _resume(self, server: _Server, client: _SyncClient) -> None:
-        """Resume a server after its round, whatever the round's outcome. One that cannot be resumed would
-        hold every request sent to it until `server_timeout_s`, so it is taken out until an update revives
-        it (that update's round resumes it)."""
-        try:
-            client.post("resume")
-        except Exception as exc:
-            what = "could not be resumed after" if self._answers(server) else "stopped answering in"
-            self._mark_down(server, f"it {what} a weight transfer ({type(exc).__name__}: {exc})")
-
-    def _engine(self, server: _Server, client: _SyncClient, source: Any) -> Any:
-        """The learner's end of one server's transfer group: this package's gloo engine, or vLLM's nccl one
-        (GPUs; the learner's rank 0 and the server's workers rendezvous at transfer_host:port)."""
-        port = self.fleet.transfer_port + server.index if self.fleet.transfer_port else free_port()
-        if self.fleet.weight_transfer == "nccl":
-            from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
-            from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
-
-            info = NCCLTrainerInitInfo(master_address=self.fleet.transfer_host, master_port=port, world_size=2,
-                                       rank=0)
-            return WeightTransferTrainerFactory.trainer_init(info, client=client, source=source)
-        from coevolve.services.fleet.transfer import GlooTrainerInitInfo, GlooTrainerWeightTransferEngine
-
-        info = GlooTrainerInitInfo(master_address=self.fleet.transfer_host, master_port=port, rank=0,
-                                   timeout_s=self.fleet.server_timeout_s, chunk_bytes=self.transfer_chunk_bytes)
-        return GlooTrainerWeightTransferEngine.trainer_init(info, client=client)
-
-    def _revive(self) -> None:
-        """Take back a down server that answers again (a restarted pod); it gets the next update in full."""
-        for server in self.servers:
-            if server.up:
-                continue
-            try:
-                server.version = self._check(server)
-            except FleetError:
-                continue
-            server.up, server.error, server.engine = True, "", None
-        self.stats.extra["servers_down"] = float(sum(not s.up for s in self.servers))
 
     def close(self) -> None:
         for server in self.servers:

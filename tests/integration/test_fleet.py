@@ -15,7 +15,8 @@ import torch
 from coevolve.services.agent.config import SamplingConfig
 from coevolve.services.agent.generation import Request
 from coevolve.services.fleet import transfer
-from coevolve.services.fleet.backend import FleetBackend, FleetError, WeightTransferError
+from coevolve.services.fleet.backend import FleetBackend
+from coevolve.services.fleet.client import FleetError, WeightTransferError
 from coevolve.services.fleet.config import FleetConfig
 from coevolve.services.fleet.servers import LocalServers
 from coevolve.services.learner.trainer.grpo import token_logprobs

@@ -12,7 +12,8 @@ import torch
 
 from coevolve.services.agent.config import SamplingConfig
 from coevolve.services.agent.generation import BackendStats, Request
-from coevolve.services.fleet.backend import REQUEST_RETRIES, FleetBackend, FleetError, WeightTransferError, _Server
+from coevolve.services.fleet.backend import FleetBackend
+from coevolve.services.fleet.client import REQUEST_RETRIES, FleetError, Server, WeightTransferError
 from coevolve.services.fleet.config import FleetConfig
 
 CLOSED = "Server disconnected without sending a response."
@@ -54,7 +55,7 @@ def backend():
     made.fleet, made.version, made.max_model_len, made.per_server = FleetConfig(), 3, 64, 2
     made.run_id = "r"
     made.served_model, made.template = "policy", SimpleNamespace(stop_token_ids=lambda: [0])
-    made.servers = [_Server("http://a", 0, version=3)]
+    made.servers = [Server("http://a", 0, version=3)]
     made.stats = BackendStats(extra={"servers": 1.0, "servers_down": 0.0, "servers_behind": 0.0})
     made._cond, made._updating, made._generating, made._turn = threading.Condition(), False, 0, itertools.count()
     made.pool = ThreadPoolExecutor(max_workers=2)

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from coevolve.services.agent.generation import BackendStats
-from coevolve.services.fleet.backend import FOREIGN, FleetBackend, _Server, version_label
+from coevolve.services.fleet.backend import FleetBackend
+from coevolve.services.fleet.client import FOREIGN, Server, version_label
 from coevolve.services.fleet.config import FleetConfig
 
 
@@ -18,7 +19,7 @@ def fleet(engine: str) -> FleetBackend:
     backend = FleetBackend.__new__(FleetBackend)
     backend.fleet, backend.dtype, backend.version = FleetConfig(weight_transfer=engine), "float32", 3
     backend.run_id = "r"
-    backend.servers = [_Server("http://a", 0, version=3), _Server("http://b", 1, version=3)]
+    backend.servers = [Server("http://a", 0, version=3), Server("http://b", 1, version=3)]
     backend.stats = BackendStats(extra={"servers": 2.0, "servers_down": 0.0, "servers_behind": 0.0})
     backend._cond, backend._updating, backend._generating = threading.Condition(), False, 0
     backend._revive = lambda: None
@@ -77,7 +78,7 @@ class Http:
 
 def test_a_server_restarted_behind_the_learners_back_is_behind_and_its_completions_say_so():
     backend = fleet("gloo")
-    backend.servers.append(_Server("http://c", 2, version=3))
+    backend.servers.append(Server("http://c", 2, version=3))
     backend.servers[0].engine = backend.servers[1].engine = object()
     backend.http = Http({"http://a": "r@3", "http://b": "default", "http://c": None})
     backend._confirm_versions()

@@ -8,7 +8,7 @@ import torch
 
 from coevolve.services.agent.config import BackendConfig
 from coevolve.services.envs.bfcl_data import load_tasks
-from coevolve.services.fleet.backend import WeightTransferError
+from coevolve.services.fleet.client import WeightTransferError
 from coevolve.services.kafka.producer import DeliveryError
 from coevolve.services.learner.config import GRPOConfig, LearnerConfig, LearnerSettings, SamplerConfig
 from coevolve.services.learner.loop import checkpoint as ckpt

@@ -25,7 +25,8 @@ from typing import Any
 from coevolve.services.agent.config import SamplingConfig
 from coevolve.services.agent.episodes import EpisodesStopped
 from coevolve.services.envs.host import bounded_tool_calls, register_tool_host
-from coevolve.services.fleet.backend import FleetBackend, FleetError, WeightTransferError
+from coevolve.services.fleet.backend import FleetBackend
+from coevolve.services.fleet.client import FleetError, WeightTransferError
 from coevolve.services.kafka.producer import DeliveryError, EventProducer
 from coevolve.services.learner.config import LearnerConfig, LearnerSettings, rollout_backend
 from coevolve.services.learner.loop import checkpoint as ckpt, journal
