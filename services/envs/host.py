@@ -5,7 +5,7 @@ inside one C call that no signal or thread can interrupt (`MathAPI.round_number(
 CPython build 10**(10**8)). The bound that holds for every function is a process: each calling process
 keeps one tool host, a child interpreter holding the instances of all its open workspaces, and gives
 every request `limit_s` seconds. The host's address space is capped at `memory_mb` (RLIMIT_AS), so an
-allocation past it fails as that call's error; it may write no file past `FILE_LIMIT_MB` (RLIMIT_FSIZE;
+allocation past it fails as that call's error; it may write no file past `host_child.FILE_LIMIT_MB` (RLIMIT_FSIZE;
 its output goes nowhere), it gets only the environment an interpreter needs (no broker or archive
 secrets), and it answers in JSON, so nothing it sends back can run code in the calling process.
 (RLIMIT_NPROC is not set: it counts every task of the user, the calling service's threads included, so
@@ -22,8 +22,6 @@ import itertools
 import json
 import os
 import pickle
-import resource
-import signal
 import subprocess
 import sys
 import threading
@@ -39,12 +37,13 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from coevolve.services.envs.base import Task
 from coevolve.services.envs.calls import Call, Rejected
-from coevolve.services.envs.tools import InvalidTask, LocalWorkspace
+from coevolve.services.envs.tools import InvalidTask
 from coevolve.services.runtime.log import get_logger
 
 log = get_logger("tool_host")
 
 START_S = 60.0  # a new host's imports, before its first request
+CHILD = "coevolve.services.envs.host_child"  # the host's own module (its limits and its loop)
 
 
 class WorkspaceLost(RuntimeError):
@@ -195,7 +194,7 @@ class ToolHost:
         client_r, host_w = os.pipe()
         try:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", __name__, str(host_r), str(host_w), str(self.memory_mb)],
+                [sys.executable, "-m", CHILD, str(host_r), str(host_w), str(self.memory_mb)],
                 pass_fds=(host_r, host_w), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL, env=host_environment())
         finally:
@@ -207,7 +206,7 @@ class ToolHost:
             self._round_trip(("ready",), START_S)
         except _HostEnded as exc:
             self._end()
-            raise RuntimeError(f"the tool host did not start ({exc}); run `{sys.executable} -m {__name__}` "
+            raise RuntimeError(f"the tool host did not start ({exc}); run `{sys.executable} -m {CHILD}` "
                                "to see why, or set call_limit_s=0 to run tool calls in this process") from None
 
     def _end(self) -> None:
@@ -226,7 +225,7 @@ class ToolHost:
             if self._process is None:
                 self._start()
             try:
-                why = self._replay(ws, entry)
+                why = self._rerun(ws, entry)
             except _HostEnded as exc:
                 self._end()
                 why = f"replaying its calls {exc}"
@@ -238,7 +237,7 @@ class ToolHost:
                 self._logs.pop(ws, None)
                 log.warning("tool_host.workspace_lost", workspace=ws, reason=why)
 
-    def _replay(self, ws: int, entry: _Log) -> str | None:
+    def _rerun(self, ws: int, entry: _Log) -> str | None:
         self._round_trip(("open", ws, entry.task), self.limit_s)
         for call, logged in entry.calls:
             replayed = self._round_trip(("run", ws, call), self.limit_s)
@@ -251,7 +250,6 @@ class ToolHost:
 # is not the business of model-written calls.
 HOST_ENVIRONMENT = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "TZ", "PYTHONPATH", "PYTHONHASHSEED",
                     "VIRTUAL_ENV")
-FILE_LIMIT_MB = 64  # the largest file a call may write (RLIMIT_FSIZE); past it the write fails
 
 
 def host_environment() -> dict[str, str]:
@@ -320,49 +318,3 @@ class _Counts(Collector):
 def register_tool_host(registry: CollectorRegistry) -> None:
     """Expose the tool host's counts on `registry` (a service's)."""
     registry.register(_Counts())
-
-
-def serve(recv: Connection, send: Connection) -> None:
-    """The host's loop: one request at a time, until the client closes its end."""
-    spaces: dict[int, LocalWorkspace] = {}
-    while True:
-        try:
-            op, *args = pickle.loads(recv.recv_bytes())
-        except EOFError:
-            return
-        try:
-            if op == "open":
-                spaces[args[0]] = LocalWorkspace(args[1])
-                reply: tuple = ("ok", None)
-            elif op == "run":
-                reply = ("ok", spaces[args[0]].run(args[1]))
-            elif op == "differences":
-                reply = ("ok", spaces[args[0]].state_differences(spaces[args[1]]))
-            elif op == "close":
-                for ws in args[0]:
-                    spaces.pop(ws, None)
-                reply = ("ok", None)
-            elif op == "ready":
-                reply = ("ok", None)
-            else:
-                reply = ("error", f"unknown request {op!r}")
-        except InvalidTask as exc:
-            reply = ("invalid", str(exc))
-        except Exception as exc:
-            reply = ("error", f"{type(exc).__name__}: {exc}")
-        send.send_bytes(json.dumps(reply).encode())
-
-
-def main(argv: list[str]) -> None:
-    if len(argv) != 3:
-        sys.exit(f"usage: {sys.executable} -m {__name__} READ_FD WRITE_FD MEMORY_MB (started by ToolHost)")
-    read_fd, write_fd, memory_mb = map(int, argv)
-    limit = memory_mb << 20
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the file limit fails instead of killing
-    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_LIMIT_MB << 20, FILE_LIMIT_MB << 20))
-    serve(Connection(read_fd, writable=False), Connection(write_fd, readable=False))
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

@@ -95,14 +95,14 @@ def test_a_workspace_freed_while_the_host_rebuilds_is_skipped():
         freed.reset(TASK)
         kept.step("mkdir(dir_name='a')")
         gone = freed.work.ws
-        replay = host._replay
+        rerun = host._rerun
 
         def frees_the_other(ws, entry):  # the look-ahead thread drops its episode mid-rebuild
             if ws != gone:
                 host.collect(gone)
-            return replay(ws, entry)
+            return rerun(ws, entry)
 
-        host._replay = frees_the_other
+        host._rerun = frees_the_other
         assert "ran past its limit" in _content(kept.step(STALL))  # before: KeyError out of the rebuild
         assert gone not in host._logs and host.lost == 0
         assert _content(kept.step("ls()")) == '{"current_directory_content": ["a"]}'
@@ -153,7 +153,7 @@ def test_the_host_gets_no_secret_writes_no_large_file_and_answers_in_json(monkey
     data (JSON; the calling process unpickled them before), and a file write is bounded."""
     import resource
 
-    from coevolve.services.envs import host as host_module
+    from coevolve.services.envs import host_child
 
     monkeypatch.setenv("KAFKA_SASL_PASSWORD", "s3cret")
     monkeypatch.setenv("CLICKHOUSE_URL", "clickhouse://user:s3cret@db:8123")
@@ -164,8 +164,8 @@ def test_the_host_gets_no_secret_writes_no_large_file_and_answers_in_json(monkey
         assert not [v for v in environ if b"s3cret" in v] and any(v.startswith(b"PATH=") for v in environ)
         limits = Path(f"/proc/{pid}/limits").read_text()
         line = next(row for row in limits.splitlines() if row.startswith("Max file size"))
-        assert line.split()[3:5] == [str(host_module.FILE_LIMIT_MB << 20)] * 2
-        host._send.send_bytes(host_module.pickle.dumps(("run", 10 ** 6, None)))  # no such workspace
+        assert line.split()[3:5] == [str(host_child.FILE_LIMIT_MB << 20)] * 2
+        host._send.send_bytes(host_child.pickle.dumps(("run", 10 ** 6, None)))  # no such workspace
         raw = host._recv.recv_bytes()
         kind, why = json.loads(raw)
         assert kind == "error" and "KeyError" in why
