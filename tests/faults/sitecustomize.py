@@ -91,15 +91,15 @@ def validator(module) -> None:
 
 def explorer(module) -> None:
     _kill_before_commit(module.Explorer, "explorer", lambda outcomes: any(o.records for o in outcomes))
-    step = module.Explorer.step
+    poll = module.Explorer.poll
 
-    def first_step(self):
+    def first_poll(self):
         if claim("backlog"):
             note("backlog", str(_await_steps(self, BACKLOG)))
-        module.Explorer.step = step
-        step(self)
+        module.Explorer.poll = poll
+        poll(self)
 
-    module.Explorer.step = first_step
+    module.Explorer.poll = first_poll
 
 
 def _await_steps(service, count: int, limit_s: float = 600.0) -> int:
