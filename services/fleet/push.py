@@ -25,6 +25,7 @@ from coevolve.services.runtime.ports import free_port
 # so a server it leaves half-way is taken out (marked down) until an update lands in full.
 OLD_WEIGHTS_KEPT = ("gloo",)
 
+
 class WeightPushes:
     """`FleetBackend`'s weight updates: every method here runs on the backend (its servers, HTTP
     client, fleet settings and update turn)."""
