@@ -2,8 +2,11 @@
 `--compare` diff against a file or a topic."""
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import time
+import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +56,18 @@ def iter_json_lines(lines: Iterable[str]) -> Iterator[dict]:
         line = line.strip()
         if line:
             yield json.loads(line)
+@contextlib.contextmanager
+def whole_file(output: Path) -> Iterator[Path]:
+    """A partial file beside `output` to write in the block; it replaces `output` when the block ends
+    without an error, and no partial file is left either way."""
+    partial = output.with_name(f".{output.name}.{uuid.uuid4().hex[:8]}.partial")
+    try:
+        yield partial
+        os.replace(partial, output)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
 def signal_line(signal: Signal, evidence: bool = True) -> str:
     """A signal's JSON line, as every signal file holds it."""
     return json.dumps(signal.to_json(evidence), separators=(",", ":")) + "\n"

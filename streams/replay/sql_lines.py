@@ -12,14 +12,12 @@ is not, Python formats the whole set from the same tables instead.
 from __future__ import annotations
 
 import json
-import os
 import time
-import uuid
 from pathlib import Path
 
 from coevolve.services.clickhouse.sql import insert_rows, literal
 from coevolve.streams.replay.engine_sql import exact_mean, fetch_rollouts, log_stats, materialized
-from coevolve.streams.replay.report import write_jsonl
+from coevolve.streams.replay.report import whole_file, write_jsonl
 from coevolve.streams.replay.sql_stages import Source, attempt_sql, rare_sql, screen_sql
 from coevolve.streams.rules import SEP, Signal, Thresholds, forgets, rare_signal, signal_order
 
@@ -140,12 +138,8 @@ def python_signals(client, t: dict[str, str], th: Thresholds, raised: list[list]
 
 def _write(client, select: str, output: Path, local: bool) -> None:
     """The query's lines into `output`, replaced whole."""
-    partial = output.with_name(f".{output.name}.{uuid.uuid4().hex[:8]}.partial")
-    try:
+    with whole_file(output) as partial:
         if local:
             client.command(f"{select} INTO OUTFILE {literal(str(partial.resolve()))} FORMAT TabSeparatedRaw")
         else:
             partial.write_bytes(client.raw_query(select, fmt="TabSeparatedRaw"))
-        os.replace(partial, output)
-    finally:
-        partial.unlink(missing_ok=True)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from coevolve.streams.replay.engine_sql import log_stats, materialized
-from coevolve.streams.replay.report import signal_line
+from coevolve.streams.replay.report import signal_line, whole_file
 from coevolve.streams.replay.sql_lines import (lines_sql, python_signals, raise_attempts, raised_counts, raised_rows,
                                                unsafe_sql)
 from coevolve.streams.replay.sql_stages import Source, pattern_counts_sql, rare_where
@@ -130,18 +130,13 @@ def _write(client, t: dict[str, str], sets: list[Thresholds], raised: dict, rare
     formatted by ClickHouse (`lines_sql`), or by Python where a string needs escaping."""
     from tqdm import tqdm
 
-    partial = output.with_name(f".{output.name}.partial")
-    try:
-        with open(partial, "wb") as fh, tqdm(sets, desc="sweep output", unit="set", file=sys.stderr,
-                                             disable=not progress, leave=False) as bar:
-            for th in bar:
-                table = raised[(th.success_threshold, th.window)]
-                t_set = {**t, "raised": table, "rare": rare_tables[(th.pattern_length, th.rare_threshold)]}
-                if int(client.query(unsafe_sql(t_set)).result_rows[0][0]):
-                    fh.writelines(signal_line(s, evidence=False).encode()
-                                  for s in python_signals(client, t_set, th, raised_rows(client, table)))
-                else:
-                    fh.write(client.raw_query(lines_sql(t_set, th), fmt="TabSeparatedRaw"))
-        partial.replace(output)
-    finally:
-        partial.unlink(missing_ok=True)
+    with whole_file(output) as partial, open(partial, "wb") as fh, \
+            tqdm(sets, desc="sweep output", unit="set", file=sys.stderr, disable=not progress, leave=False) as bar:
+        for th in bar:
+            table = raised[(th.success_threshold, th.window)]
+            t_set = {**t, "raised": table, "rare": rare_tables[(th.pattern_length, th.rare_threshold)]}
+            if int(client.query(unsafe_sql(t_set)).result_rows[0][0]):
+                fh.writelines(signal_line(s, evidence=False).encode()
+                              for s in python_signals(client, t_set, th, raised_rows(client, table)))
+            else:
+                fh.write(client.raw_query(lines_sql(t_set, th), fmt="TabSeparatedRaw"))
