@@ -89,12 +89,13 @@ def against_run(client, db: str, run_id: str, chosen: Callable[[Thresholds], Thr
         SELECT task_id, groupArrayIf(step, trained) FROM (
             SELECT task_id, step, max(score) > min(score) AS trained FROM {db}.trajectories FINAL
             WHERE run_id = {run} GROUP BY task_id, step) GROUP BY task_id""")}
-    lost_signals, lost_tasks = _follow(live, set(dropped), explorations, tasks)
+    dropped_keys = set(dropped)
+    lost_signals, lost_tasks = _follow(live, dropped_keys, explorations, tasks)
     validated = [t for t, (verdict, *_rest) in tasks.items() if verdict == "validated"]
     trained_on = [t for t in validated if trained.get(t)]
     return Counterfactual(
         run_id, th.as_record(), live_th, signals, dropped, added,
-        lost_by_descent=len(lost_signals) - sum(key in set(dropped) for key in live.values()),
+        lost_by_descent=len(lost_signals) - sum(key in dropped_keys for key in live.values()),
         explorations=(sum(_all_in(sigs, lost_signals) for sigs in explorations.values()), len(explorations)),
         validated=(sum(t in lost_tasks for t in validated), len(validated)),
         trained_on=(sum(t in lost_tasks for t in trained_on), len(trained_on)),

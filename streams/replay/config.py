@@ -60,7 +60,7 @@ class ReplayConfig:
             raise ConfigError(f"--decoder {self.decoder!r}: choose one of {', '.join(DECODERS)}")
         if self.publish and not self.bootstrap:
             raise ConfigError("--publish needs --bootstrap HOST:PORT")
-        if self.sql and bool(self.inputs) == bool(self.clickhouse) and not (self.sweep and self.bootstrap):
+        if self.sql and not self.sweep and bool(self.inputs) == bool(self.clickhouse):  # a sweep checks its own
             raise ConfigError("--engine sql reads either --input FILES (embedded chDB) or --clickhouse URL "
                               "(the archive)")
         if (self.sweep or self.against_run) and (self.publish or self.compare):

@@ -128,9 +128,9 @@ def topic_files(bootstrap: str, directory: Path) -> list[Path]:
     (in the order `read_topics` yields them): what the SQL engine reads when the source is the broker."""
     from coevolve.schemas.container import LogWriter
 
-    with LogWriter(directory / "topics.avro") as writer:
-        for name, event in read_topics(bootstrap):
-            writer.write(name, event)
+    writer = LogWriter(directory / "topics.avro")
+    for name, event in read_topics(bootstrap):
+        writer.write(name, event)
     return writer.close()
 
 
