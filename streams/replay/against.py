@@ -2,9 +2,10 @@
 
 The run's signals are replayed from the archive under the set and matched with its live signals by
 (kind, step, subject). The live signals the set would not raise are then followed down the lineage the
-archive keeps: an exploration is lost when every signal it explored is; a synthesized task is lost when every exploration
-it came from is (or, without explorations, every signal); a signal whose subject is a lost task is lost
-with it (the task would not have been in the pool), and so on until nothing more is lost. The steps that
+archive keeps: an exploration is lost when every signal it explored is; a synthesized task is lost when
+every exploration it came from is (or, without explorations, every signal); a signal whose subject is a
+lost task is lost with it (the task would not have been in the pool), and so on until nothing more is
+lost. The steps that
 trained on a lost task are named. This is accounting over the lineage, not a rerun: after its first
 change the run would have gone on differently (another policy, other signals), which no log can tell;
 and the signals the set would add led to no exploration in this run.
@@ -65,7 +66,8 @@ def against_run(client, db: str, run_id: str, chosen: Callable[[Thresholds], Thr
     run = literal(run_id)
     if not _query(client, f"SELECT 1 FROM {db}.trajectories WHERE run_id = {run} LIMIT 1"):
         runs = [r[0] for r in _query(client, f"SELECT DISTINCT run_id FROM {db}.trajectories ORDER BY run_id LIMIT 20")]
-        raise ValueError(f"run {run_id!r} has no trajectories in the archive; archived runs: {', '.join(runs) or 'none'}")
+        raise ValueError(f"run {run_id!r} has no trajectories in the archive; archived runs: "
+                         f"{', '.join(runs) or 'none'}")
     live = {r[0]: (r[1], int(r[2]), r[3]) for r in _query(client, f"""
         SELECT event_id, kind, step, subject FROM {db}.signals FINAL WHERE run_id = {run}""")}
     live_th = [dict(zip(("success_threshold", "window", "rare_threshold", "pattern_length"), r)) for r in _query(

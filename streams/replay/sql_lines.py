@@ -83,7 +83,8 @@ def raise_attempts(client, t: dict[str, str], th: Thresholds, table: str) -> int
     client.command(f"CREATE TEMPORARY TABLE {table} (kind String, run_id String, step Int64, task_id String) "
                    "ENGINE = Memory")
     client.command(f"""INSERT INTO {table} SELECT kind, run_id, step, task_id FROM {screened} ARRAY JOIN
-        arrayFilter(k -> k != '', [if(boundary, 'boundary', ''), if(settled AND forgetting, 'forgetting', '')]) AS kind""")
+        arrayFilter(k -> k != '', [if(boundary, 'boundary', ''), if(settled AND forgetting, 'forgetting', '')])
+        AS kind""")
     unsettled = dict(client.query(f"SELECT gk, tk FROM {screened} WHERE NOT settled").result_rows)
     if unsettled:
         insert_rows(client, table, _forgetting_of(client, t, th, unsettled))

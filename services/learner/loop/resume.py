@@ -1,16 +1,16 @@
-"""Resuming: the run a workdir holds (`run_to_continue`), and the replay of its step journal (`journal.py`)
+"""Resuming: the run a workdir holds (`run_to_continue`), and the redo of its step journal (`journal.py`)
 after the checkpoint the learner restored.
 
 Event ids derive from (run, step, task, rollout), and consumers keep the first copy of an id, so a step
 that published before a crash must never be re-run: its rollouts and update would differ from what was
-published. `--resume` restores the latest checkpoint c and then replays every journal entry c+1..k in
+published. `--resume` restores the latest checkpoint c and then redoes every journal entry c+1..k in
 order, without rollouts: the same `update` on the journaled batch (so the weights, the optimizer state
 and the trainer's update count follow the path they took, with DeepSpeed and LoRA alike), the pool's
 state after the step, and the step's records sent again as journaled (same ids and content, which also
 completes a publish the crash cut short; the evaluation is sent as it was, never re-run). The service
 then pushes the weights to the rollout backend once, after the last entry, with the policy version that
 entry recorded; training continues at k+1. A step that crashed before its entry was renamed into place
-published nothing and is run afresh. Without a checkpoint, the replay starts from the starting weights.
+published nothing and is run afresh. Without a checkpoint, the redo starts from the starting weights.
 """
 from __future__ import annotations
 

@@ -201,7 +201,8 @@ class Learner(Service):
     def _redo_journal(self) -> int:
         """Redo the journal's steps after the checkpoint (resume.py); return the policy version."""
         version = self.resumed.policy_version if self.resumed is not None else 0
-        for entry, loss in redo_journaled(self.cfg.workdir, self.done, self.run_id, self.trainer, self.pool, self.producer):
+        for entry, loss in redo_journaled(self.cfg.workdir, self.done, self.run_id, self.trainer, self.pool,
+                                          self.producer):
             self.done, version, self.pool_state = entry.step, entry.policy_version, entry.sampler
             self.telemetry.replayed.inc()
             self.beat()
