@@ -5,6 +5,10 @@ only then are the consumer offsets committed. A crash between insert and commit 
 re-deliver the batch, whose rows collapse into the stored ones by `event_id` (ReplacingMergeTree), so
 nothing is lost and nothing counts twice.
 
+With `log_id` every polled record is also kept as it was sent (bytes, key, headers, timestamp) in the
+`log` table, undecodable ones included, and the consumer groups' committed positions in
+`log_positions` (`positions.py`): the log's durable copy, which `restore.py` puts back on an empty broker.
+
 An event that decodes but has no archive table (a schema added to schemas/ without a mapping in
 rows.py and a migration) is sent to the dead-letter topic with the reason, in the same batch: its
 offset is committed only once the dead letter is confirmed, so it is neither dropped nor a crash.
@@ -17,7 +21,8 @@ from prometheus_client import Counter, Gauge, Histogram
 from tqdm import tqdm
 
 from coevolve.services.archive.config import ArchiverConfig
-from coevolve.services.archive.rows import COLUMNS, archivable, rows_for
+from coevolve.services.archive import positions
+from coevolve.services.archive.rows import COLUMNS, LOG, archivable, log_row, rows_for
 from coevolve.services.clickhouse.client import connect, gc_paused
 from coevolve.services.clickhouse.urls import redact_url
 from coevolve.services.kafka.consumer import EventConsumer
@@ -42,11 +47,22 @@ class RowBatch:
         for table, rows in rows_for(name, event, partition, offset).items():
             self.rows.setdefault(table, []).extend(rows)
 
+    def keep(self, log_id: str, records: list) -> None:
+        """Keep the polled records as sent (undecodable ones too), in the `log` table."""
+        if records:
+            if not self.pending:
+                self.started = time.monotonic()
+            self.rows.setdefault("log", []).extend(log_row(log_id, r) for r in records)
+
     def count(self) -> None:
         """Count one polled event (stored or dead-lettered): its offset is committed with the batch."""
-        if not self.events:
+        if not self.pending:
             self.started = time.monotonic()
         self.events += 1
+
+    @property
+    def pending(self) -> bool:
+        return bool(self.events or self.rows)
 
 
 class Archiver(Service):
@@ -63,7 +79,7 @@ class Archiver(Service):
         self.m_batch = Histogram("archiver_batch_seconds", "Insert time of one batch.", registry=self.registry)
         self.m_dead = Gauge("archiver_dead_lettered", "Messages sent to the dead-letter topic: undecodable, "
                             "or an event with no archive table.", registry=self.registry)
-        self.consumer = self.deadletters = self.bar = None
+        self.consumer = self.deadletters = self.bar = self.positions = None
         self.batch = RowBatch()
         self.last_event = time.monotonic()
 
@@ -80,7 +96,8 @@ class Archiver(Service):
         db = self.cfg.database
         for table, rows in batch.rows.items():
             columns = [list(c) for c in zip(*rows)]  # column-oriented inserts are about 40% faster
-            self.client.insert(f"{db}.{table}", columns, column_names=COLUMNS[table], column_oriented=True)
+            self.client.insert(f"{db}.{table}", columns, column_names=LOG if table == "log" else COLUMNS[table],
+                               column_oriented=True)
             self.m_rows.labels(table).inc(len(rows))
         self.m_batch.observe(time.monotonic() - started)
         log.info("archiver.stored", events=batch.events, seconds=round(time.monotonic() - started, 3),
@@ -95,16 +112,21 @@ class Archiver(Service):
         self.deadletters = EventProducer(cfg.kafka_bootstrap, client_id="coevolve-archiver", service="archiver")
         self.consumer = EventConsumer(cfg.kafka_bootstrap, cfg.topic_list, group_id=cfg.group(self.name),
                                       service="archiver", deadletters=self.deadletters, registry=self.schemas)
-        log.info("archiver.started", bootstrap=cfg.kafka_bootstrap, archive=redact_url(cfg.url), topics=cfg.topic_list)
+        if cfg.log_id:
+            self.positions = positions.PositionRecorder(cfg.kafka_bootstrap, cfg.log_id, cfg.positions_s)
+        log.info("archiver.started", bootstrap=cfg.kafka_bootstrap, archive=redact_url(cfg.url), topics=cfg.topic_list,
+                 log_id=cfg.log_id or None)
         self.bar = tqdm(desc="archive", unit="event", disable=None, leave=False)
         self.last_event = time.monotonic()
 
     def poll(self) -> None:
         """Poll once; store and commit the batch when it is full or old enough; stop when idle long enough."""
         cfg, batch = self.cfg, self.batch
-        items = self.consumer.poll(0.2, cfg.poll_records)
+        records = [] if cfg.log_id else None
+        items = self.consumer.poll(0.2, cfg.poll_records, records)
         self.beat()
         with gc_paused():
+            batch.keep(cfg.log_id, records)
             for item in items:
                 if archivable(item.name):
                     batch.add(item.name, item.event, item.partition, item.offset)
@@ -114,20 +136,22 @@ class Archiver(Service):
                     batch.count()
         if items or not self.consumer.assigned():
             self.last_event = self.last_beat  # idle time counts from the group join on
-        if batch.events and (batch.events >= cfg.batch_size or self.last_beat - batch.started >= cfg.batch_seconds):
+        if batch.pending and (batch.events >= cfg.batch_size or self.last_beat - batch.started >= cfg.batch_seconds):
             self._flush()
+        if self.positions is not None and self.positions.due(self.last_beat):
+            positions.record(self.client, cfg.database, self.positions.changed(self.last_beat))
         self.m_dead.set(self.consumer.dead_lettered)
         idle = self.last_beat - self.last_event
-        if cfg.idle_exit_seconds and not self.batch.events and idle >= cfg.idle_exit_seconds:
+        if cfg.idle_exit_seconds and not self.batch.pending and idle >= cfg.idle_exit_seconds:
             self.stop()
 
     def loop(self) -> None:
         super().loop()
-        if self.batch.events:
+        if self.batch.pending:
             self._flush()
 
     def finish(self) -> None:
-        for closable in (self.bar, self.consumer, self.deadletters):
+        for closable in (self.bar, self.consumer, self.deadletters, self.positions):
             if closable is not None:
                 closable.close()
         if self._owns_client:

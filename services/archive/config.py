@@ -19,11 +19,16 @@ class ArchiverConfig(ConsumerConfig):
     topics: str = doc(",".join(CATALOG), "Comma-separated topics to archive.")
     batch_size: int = doc(20000, "Events per insert; a batch is stored when this full or batch_seconds old.")
     batch_seconds: float = doc(1.0, "Longest time a polled event waits before its batch is stored.")
+    log_id: str = doc("", "Also keep every record's bytes, and the consumer groups' committed positions, "
+                          "under this name (the `log` tables), so `coevolve archive restore` can put the topics "
+                          "back on an empty broker; `coevolve run` names its embedded broker's log after the run. "
+                          "Empty: not kept.")
+    positions_s: float = doc(2.0, "With log_id: how often the consumer groups' committed positions are recorded.")
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.batch_size < 1 or self.batch_seconds <= 0:
-            raise ConfigError("batch_size must be >= 1 and batch_seconds > 0")
+        if self.batch_size < 1 or self.batch_seconds <= 0 or self.positions_s <= 0:
+            raise ConfigError("batch_size must be >= 1, and batch_seconds and positions_s > 0")
         unknown = [t for t in self.topic_list if t not in CATALOG]
         if unknown:
             raise ConfigError(f"unknown topics {unknown}; choose from {sorted(CATALOG)}")

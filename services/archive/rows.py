@@ -125,6 +125,15 @@ _MAPPERS: dict[str, Callable[[dict], list]] = {
 }
 
 
+LOG = ["log_id", "topic", "partition", "offset", "key", "value", "timestamp_ms", "headers"]
+
+
+def log_row(log_id: str, record) -> list:
+    """A polled record (kafka-python's `ConsumerRecord`) as a row of the `log` table: its bytes as sent."""
+    return [log_id, record.topic, record.partition, record.offset, record.key, record.value or b"",
+            record.timestamp, [(name, value or b"") for name, value in record.headers or ()]]
+
+
 def archivable(name: str) -> bool:
     """Whether the archive has a table for this record name."""
     return name in _MAPPERS

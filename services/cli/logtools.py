@@ -63,7 +63,8 @@ def deadletters_replay(reason: str = typer.Option(..., "--reason", help="The err
         print(f"held back {letter['event_id']} ({letter['service']}, {letter['source_topic']}): {why}")
 
 
-archive_app = typer.Typer(help="The ClickHouse archive: load Avro log files into it.", no_args_is_help=True)
+archive_app = typer.Typer(help="The ClickHouse archive: load Avro log files into it, put a kept log back on a "
+                          "broker.", no_args_is_help=True)
 app.add_typer(archive_app, name="archive")
 
 
@@ -95,6 +96,36 @@ def archive_import(
     finally:
         client.close()
     print(" ".join(f"{name}={n}" for name, n in sorted(counts.items())) + f" into {redact_url(url)}")
+
+
+@archive_app.command("restore")
+def archive_restore(
+    log_id: str = typer.Option(..., "--log-id", help="The kept log (archiver.log_id; `coevolve run` keeps its "
+                               "embedded broker's log under the run id)."),
+    bootstrap: Optional[str] = BootstrapOpt,
+    clickhouse: Optional[str] = typer.Option(None, "--clickhouse", envvar="CLICKHOUSE_URL",
+                                             help="Archive URL (default: chdb:///<workdir>/clickhouse)."),
+    workdir: Path = typer.Option(Path(".coevolve"), help="Work directory of the embedded archive."),
+    archiver_group: Optional[str] = typer.Option(None, help="The archiver's consumer group: placed at the "
+                                                 "restored ends (it stored all of it)."),
+    start_over: Optional[list[str]] = typer.Option(None, "--start-over", help="A consumer group to leave without "
+                                                   "positions, to read from the start (repeatable)."),
+) -> None:
+    """Put a kept log back on an empty broker: every record at its offset, then the groups' positions."""
+    from coevolve.services.archive.restore import RestoreError, restore_log
+    from coevolve.services.clickhouse.client import ArchiveError, chdb_url, connect
+
+    try:
+        client = connect(clickhouse or chdb_url(workdir), create=False)
+    except ArchiveError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--clickhouse") from None
+    try:
+        done = restore_log(client, "coevolve", log_id, require(bootstrap), archiver_group, start_over or ())
+    except RestoreError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--log-id") from None
+    finally:
+        client.close()
+    print(done.line())
 
 
 @app.command()

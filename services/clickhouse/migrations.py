@@ -115,12 +115,28 @@ V4 = [
 # StepCompleted's held-out success rate is named for what it is (the ablation's mean score is another figure).
 V5 = ["ALTER TABLE {db}.steps RENAME COLUMN IF EXISTS eval_score TO eval_success"]
 
+# The log itself: every record's bytes at its topic, partition and offset under the name of its log (the
+# embedded run's id), and the consumer groups' committed positions, so the topics can be put back on an
+# empty broker (services/archive/restore.py). The latest position of a group wins.
+V6 = [
+    f"""CREATE TABLE IF NOT EXISTS {{db}}.log (
+        log_id LowCardinality(String), topic LowCardinality(String), partition Int32, offset Int64,
+        key Nullable(String), value String, timestamp_ms Int64, headers Array(Tuple(String, String)),
+        archived_at {_UTC} DEFAULT now64(3)
+    ) ENGINE = ReplacingMergeTree ORDER BY (log_id, topic, partition, offset)""",
+    f"""CREATE TABLE IF NOT EXISTS {{db}}.log_positions (
+        log_id LowCardinality(String), group_id String, topic LowCardinality(String), partition Int32,
+        offset Int64, recorded_at {_UTC} DEFAULT now64(3)
+    ) ENGINE = ReplacingMergeTree(recorded_at) ORDER BY (log_id, group_id, topic, partition)""",
+]
+
 MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (1, "event tables, actions exploded", V1),
     (2, "step pool and timing, exploration strategy, task stages, evaluations", V2),
     (3, "synthesized rollouts and tasks each step trained on", V3),
     (4, "policy updates; the staleness of what each step trained on", V4),
     (5, "steps.eval_score renamed eval_success", V5),
+    (6, "the log's records and its consumer groups' positions", V6),
 ]
 
 

@@ -109,11 +109,16 @@ class EventConsumer:
                 return [TopicPartition(t, p) for t in topics for p in sorted(known[t])]
             time.sleep(0.2)
 
-    def poll(self, timeout_s: float = 1.0, max_records: int | None = None) -> list[Delivered]:
-        """Return the next batch of decoded events (at most `max_records` messages); dead-letter the rest."""
+    def poll(self, timeout_s: float = 1.0, max_records: int | None = None,
+             records: list | None = None) -> list[Delivered]:
+        """Return the next batch of decoded events (at most `max_records` messages); dead-letter the rest.
+        With `records`, every message polled, decodable or not, is also appended to it as it came (a
+        kafka-python `ConsumerRecord`: its bytes, key, headers and timestamp)."""
         batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
         out: list[Delivered] = []
         for messages in batches.values():
+            if records is not None:
+                records.extend(messages)
             for msg in messages:
                 try:
                     name, event = self.registry.decode(msg.value, msg.topic, msg.partition, msg.offset)

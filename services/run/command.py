@@ -7,7 +7,7 @@ from pathlib import Path
 
 from coevolve.services.envs import bfcl_data
 from coevolve.services.kafka.consumer import EventConsumer
-from coevolve.services.kafka.embedded import broker_for
+from coevolve.services.kafka.embedded import EmbeddedBroker
 from coevolve.services.kafka.topics import CATALOG
 from coevolve.services.learner.config import rollout_backend
 from coevolve.services.run import loop, summary as summaries
@@ -107,16 +107,21 @@ def run_loop(plan: Plan, workdir: Path, bootstrap: str | None = None, resume: bo
     logs.to_file(workdir / "logs" / "run.log")
     print(f"run {run} (preset {plan.preset}, {plan.run.steps} steps) in {workdir}", flush=True)
     tally, phases = Tally(run_id=run), {}
-    with broker_for(bootstrap) as address:
-        s = loop.Session(plan, workdir, run, resume, bootstrap=address)
+    embedded = None if bootstrap else EmbeddedBroker().start()
+    try:
+        address = bootstrap or embedded.bootstrap
+        s = loop.Session(plan, workdir, run, resume, bootstrap=address, broker=embedded)
         state = _session(s, tally, phases)
         state = _shutdown(s, phases, state)
         final = tally if state == "killed" else _reread(address, run, tally)
+    finally:
+        if embedded is not None:
+            embedded.stop()
     learner = plan.settings("learner")
     info = {"run_id": run, "preset": plan.preset, "planned_steps": plan.run.steps, "resumed": resume,
             "rollout": rollout_backend(learner.backend.backend, learner.ranks.world_size),
             "world_size": learner.ranks.world_size,
-            "broker": bootstrap or "embedded (memory only: a resumed session sees only its own events)",
+            "broker": bootstrap or "embedded (its log kept in the archive, restored on resume)",
             "restarts": s.restarts}
     th = summaries.thresholds(plan.sections.get("streams", {}))
     seeds = bfcl_data.seed_pool(learner.seeds.category_list, learner.seeds.seed_tasks)

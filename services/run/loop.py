@@ -21,8 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coevolve.services.kafka.consumer import EventConsumer
+from coevolve.services.kafka.embedded import EmbeddedBroker
 from coevolve.services.kafka.topics import (CATALOG, EXPLORATIONS, SIGNALS, STEPS, TRAJECTORIES,
                                             create_topics)
+from coevolve.services.run import durable
 from coevolve.services.run.children import Child, ChildFailed, coevolve_command, wait_healthy
 from coevolve.services.run.lag import LagProbe
 from coevolve.services.run.plan import Plan
@@ -46,6 +48,7 @@ class Session:
     run_id: str
     resume: bool
     bootstrap: str = ""
+    broker: EmbeddedBroker | None = None  # the embedded one, whose log the archive keeps; None with --bootstrap
     children: dict[str, Child] | None = None
     consumer: EventConsumer | None = None
     policy: str = ""
@@ -94,6 +97,8 @@ def make_children(s: Session) -> dict[str, Child]:
     shared = set(s.plan.run.sharing) if s.policy else set()
     extra = {name: {"model": s.policy} if name in shared else {} for name in commands}
     extra["explorer"]["run_id"] = s.run_id  # the static strategy records its start exploration under it
+    if s.broker is not None:
+        extra["archiver"]["log_id"] = s.run_id  # the embedded broker's log, kept to be restored (durable.py)
     children = {name: Child(name, args, s.plan.env(name, **extra[name]), s.logs / f"{name}.log")
                 for name, args in commands.items()}
     # Exit code 0 is the learner's last step; started again, it continues from its last checkpoint.
@@ -143,6 +148,7 @@ def train(s: Session, tally: Tally, printed: set[int]) -> None:
     learner = s.children["learner"]
     while learner.exit_code != 0:
         follow(s, tally, printed)
+        durable.tend_broker(s)
         s.supervisor.tend(s.children)
 
 
@@ -156,6 +162,7 @@ def drain(s: Session, tally: Tally, printed: set[int]) -> bool:
     try:
         while time.monotonic() < deadline:
             follow(s, tally, printed)
+            durable.tend_broker(s)
             s.supervisor.tend(s.children)
             behind = probe.behind(groups)
             if len(tally.seen) != seen or any(behind.values()):
@@ -192,6 +199,7 @@ def settle_archive(s: Session, timeout_s: float = 120.0) -> None:
 
 
 def start(s: Session) -> None:
+    durable.resume_log(s)
     create_topics(s.bootstrap)
     s.consumer = EventConsumer(s.bootstrap, list(CATALOG), service="run")
     s.children = make_children(s)

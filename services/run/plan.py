@@ -34,7 +34,7 @@ SHARABLE = ("explorer", "validator")
 # round or a step.
 LIVENESS_S = {"streams": 120.0, "archiver": 120.0, "explorer": 1800.0, "validator": 1800.0, "learner": 300.0}
 # Set by the run itself for every process; a preset may not override them.
-MANAGED = {"kafka_bootstrap", "metrics_port", "metrics_host", "workdir", "datadir", "run_id", "resume"}
+MANAGED = {"kafka_bootstrap", "metrics_port", "metrics_host", "workdir", "datadir", "run_id", "resume", "log_id"}
 # Keys a process takes from the learner's section: the explorer explores the learner's seed pool (and, in
 # the static arm, as many tasks as the learner waits for), the validator checks novelty against the tasks
 # the learner's pool takes in, and a process acting with the learner's policy (run.shared_policy) lists

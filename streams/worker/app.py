@@ -76,8 +76,9 @@ def new_app(cfg: StreamsConfig, security: KafkaSecurity | None = None) -> faust.
 class Emitter:
     """Collects a batch's sends: signals and dead letters encoded as events, and raw messages."""
 
-    def __init__(self, topics: dict, metrics: Metrics):
+    def __init__(self, topics: dict, metrics: Metrics, on_log: frozenset[str] = frozenset()):
         self.topics, self.metrics, self.registry = topics, metrics, default_registry()
+        self.on_log = on_log  # ids of the signals already on coevolve.signals (`command.signals_on_log`)
         self.sends: list = []
 
     def reject(self, ev: EventT, error_type: str, reason: str) -> None:
@@ -89,6 +90,9 @@ class Emitter:
 
     def signals(self, signals: list[rules.Signal], now_ms: int) -> None:
         for s in signals:
+            if s.id in self.on_log:
+                self.metrics.on_log.labels(s.kind).inc()
+                continue
             self.metrics.raised.labels(s.kind).inc()
             key = (s.task_id or s.subject).encode()
             self.send("signals", key, self.registry.encode("SignalRaised", s.to_record(now_ms)))
@@ -120,8 +124,9 @@ class Emitter:
         return body
 
 
-def build_app(cfg: StreamsConfig, metrics: Metrics) -> faust.App:
-    """The app, its topics and tables, and its three agents and tick."""
+def build_app(cfg: StreamsConfig, metrics: Metrics, on_log: frozenset[str] = frozenset()) -> faust.App:
+    """The app, its topics and tables, and its three agents and tick; a signal whose id is in `on_log` is
+    not sent again."""
     app = new_app(cfg)
     raw = dict(key_serializer="raw", value_serializer="raw")
     names = internal_topics(cfg.app_id)
@@ -134,12 +139,13 @@ def build_app(cfg: StreamsConfig, metrics: Metrics) -> faust.App:
     as_json = faust.Schema(key_type=str, key_serializer="json", value_serializer="json")
     tables = {name: app.Table(name, partitions=PARTITIONS, schema=as_json)
               for name in ("task_to_attempts", "step_to_counts", "partition_to_markers")}
-    add_attempt_agent(app, cfg, metrics, topics, tables)
-    add_step_agents(app, cfg, metrics, topics, tables)
+    add_attempt_agent(app, cfg, metrics, topics, tables, on_log)
+    add_step_agents(app, cfg, metrics, topics, tables, on_log)
     return app
 
 
-def add_attempt_agent(app: faust.App, cfg: StreamsConfig, metrics: Metrics, topics: dict, tables: dict) -> None:
+def add_attempt_agent(app: faust.App, cfg: StreamsConfig, metrics: Metrics, topics: dict, tables: dict,
+                      on_log: frozenset[str]) -> None:
     th, limits, markers_name = cfg.thresholds(), cfg.limits(), topics["markers"].get_topic_name()
     task_to_attempts, partition_to_markers = tables["task_to_attempts"], tables["partition_to_markers"]
 
@@ -149,7 +155,7 @@ def add_attempt_agent(app: faust.App, cfg: StreamsConfig, metrics: Metrics, topi
         candidates: dict[tuple, dict] = {}  # (run, step) -> pattern -> smallest event ids sent here
         async for events in stream.take_events(cfg.batch_size, cfg.batch_within_s):
             started, now = time.perf_counter(), time.time()
-            out = Emitter(topics, metrics)
+            out = Emitter(topics, metrics, on_log)
             batch = AttemptBatch(th, limits, now, cfg.marker_idle_s, task_to_attempts, partition_to_markers,
                                  last_seen, candidates)
             ticked = False
@@ -190,7 +196,8 @@ def _rollout(out: Emitter, ev: EventT, limits: rules.EvidenceLimits) -> rules.Ro
         return None
 
 
-def add_step_agents(app: faust.App, cfg: StreamsConfig, metrics: Metrics, topics: dict, tables: dict) -> None:
+def add_step_agents(app: faust.App, cfg: StreamsConfig, metrics: Metrics, topics: dict, tables: dict,
+                    on_log: frozenset[str]) -> None:
     th, limits, step_to_counts = cfg.thresholds(), cfg.limits(), tables["step_to_counts"]
 
     @app.agent(topics["steps"])
@@ -216,7 +223,7 @@ def add_step_agents(app: faust.App, cfg: StreamsConfig, metrics: Metrics, topics
         indexed_at: dict[int, float] = {}  # partition -> when open_steps was last rebuilt from the table
         async for events in stream.take_events(cfg.batch_size, cfg.batch_within_s):
             started, now = time.perf_counter(), time.time()
-            out = Emitter(topics, metrics)
+            out = Emitter(topics, metrics, on_log)
             batch = RareBatch(th, limits, now, cfg.grace_s, INDEX_REBUILD_S, step_to_counts, open_steps, indexed_at)
             ticked = False
             for ev in events:

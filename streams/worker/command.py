@@ -13,8 +13,11 @@ from __future__ import annotations
 import time
 
 import faust
+from kafka import KafkaAdminClient
 
-from coevolve.services.kafka.topics import CATALOG, create_topics
+from coevolve.services.kafka.consumer import EventConsumer
+from coevolve.services.kafka.security import KafkaSecurity
+from coevolve.services.kafka.topics import CATALOG, SIGNALS, create_topics
 from coevolve.services.runtime.service import Service
 from coevolve.streams.worker.app import build_app, internal_topics
 from coevolve.streams.worker.config import StreamsConfig
@@ -31,6 +34,7 @@ class StreamsWorker(Service):
         self.metrics = Metrics(self.registry)
         self.app: faust.App | None = None
         self.app_started = time.monotonic()
+        self.on_log: frozenset[str] = frozenset()
         self.watch(self.stalled)
 
     def health(self) -> tuple[bool, dict]:
@@ -63,15 +67,38 @@ class StreamsWorker(Service):
         create_topics(cfg.kafka_bootstrap, list(CATALOG.values()) + list(internal_topics(cfg.app_id).values()),
                       replication_factor=cfg.replication_factor)
         cfg.datadir.mkdir(parents=True, exist_ok=True)
+        self.on_log = signals_on_log(cfg)
+        if self.on_log:
+            self.log.info("streams.worker.starting_over", app_id=cfg.app_id, signals_on_log=len(self.on_log))
 
     def loop(self) -> None:
         cfg = self.cfg
-        app = self.app = build_app(cfg, self.metrics)
+        app = self.app = build_app(cfg, self.metrics, self.on_log)
         self.app_started = time.monotonic()
         self.log.info("streams.worker.starting", app_id=cfg.app_id, bootstrap=cfg.kafka_bootstrap,
                       metrics_port=self.server.server_address[1] if self.server else None,
                       thresholds=cfg.thresholds().as_record())
         faust.Worker(app, loglevel=cfg.log_level, quiet=True).execute_from_commandline()
+
+
+def signals_on_log(cfg: StreamsConfig) -> frozenset[str]:
+    """The ids of the signals on coevolve.signals when this worker's group has committed nothing: a worker
+    that starts over a log holding its signals (restored from the archive, `services/archive/restore.py`)
+    rebuilds its tables from the start and sends only the signals the log lacks. Empty otherwise."""
+    security = KafkaSecurity.from_environment()
+    admin = KafkaAdminClient(bootstrap_servers=cfg.kafka_bootstrap, client_id=f"{cfg.app_id}-start",
+                             request_timeout_ms=10000, **security.kafka_python_options())
+    try:
+        committed = admin.list_group_offsets(cfg.app_id).get(cfg.app_id, {})
+    finally:
+        admin.close()
+    if any(meta.offset >= 0 for meta in committed.values()):
+        return frozenset()
+    consumer = EventConsumer(cfg.kafka_bootstrap, [SIGNALS.name], service="streams", security=security)
+    try:
+        return frozenset(str(item.event["event_id"]) for item in consumer.read_to_end(timeout_s=120.0, complete=True))
+    finally:
+        consumer.close()
 
 
 def run_worker(cfg: StreamsConfig) -> None:

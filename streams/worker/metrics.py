@@ -11,13 +11,15 @@ TICKED = ("attempts", "rare")
 
 
 class Metrics:
-    """signals/raised_total, signals/trajectories_total, signals/deadletter_total, signals/steps_total,
+    """signals/raised_total, signals/already_on_log_total, signals/trajectories_total, signals/deadletter_total, signals/steps_total,
     signals/batch_seconds, signals/agent_tick_timestamp_seconds."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.raised = Counter("signals_raised_total", "Signals raised, by kind.", ["kind"],
                               registry=self.registry)
+        self.on_log = Counter("signals_already_on_log_total", "Signals raised again by a worker that started over "
+                              "a log already holding them (not sent again), by kind.", ["kind"], registry=self.registry)
         self.trajectories = Counter("signals_trajectories_total", "Trajectories seen, by outcome "
                                     "(accepted, duplicate, late).", ["outcome"], registry=self.registry)
         self.dead_lettered = Counter("signals_deadletter_total", "Inputs sent to the dead-letter topic, "

@@ -41,7 +41,7 @@ def test_migrations_apply_once_and_record_versions(tmp_path):
         for statement in MIGRATIONS[-1][2]:  # as after a crash before the version was recorded: harmless
             client.command(statement.format(db="coevolve"))
         versions = client.query("SELECT version FROM coevolve.schema_migrations FINAL ORDER BY version").result_rows
-        assert [v for (v,) in versions] == [v for v, _, _ in MIGRATIONS] == [1, 2, 3, 4, 5]
+        assert [v for (v,) in versions] == [v for v, _, _ in MIGRATIONS] == [1, 2, 3, 4, 5, 6]
         tables = {r[0] for r in client.query("SHOW TABLES FROM coevolve").result_rows}
         assert set(COLUMNS) | {"schema_migrations"} <= tables
         for table, columns in COLUMNS.items():
@@ -64,11 +64,11 @@ def test_an_archive_of_version_1_upgrades_and_keeps_its_rows(tmp_path):
     finally:
         client.close()
 
-    client = connect(url)  # what an archiver of this version does at start-up: apply versions 2 to 5
+    client = connect(url)  # what an archiver of this version does at start-up: apply versions 2 to 6
     try:
         versions = [v for (v,) in client.query("SELECT version FROM coevolve.schema_migrations FINAL "
                                                "ORDER BY version").result_rows]
-        assert versions == [1, 2, 3, 4, 5]
+        assert versions == [1, 2, 3, 4, 5, 6]
         step = client.query("SELECT event_id, train_reward, eval_success, duration_seconds, pool_size, tokens_trained, "
                             "synthesized_trained, staleness_max, blocked_seconds FROM coevolve.steps FINAL").result_rows
         # old row kept (its eval_score now eval_success), new fields null

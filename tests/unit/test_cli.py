@@ -22,7 +22,7 @@ def test_the_commands_are_exactly_these():
         ("run",), ("ablate",), ("check",), ("learner",), ("explorer",), ("validator",), ("archiver",),
         ("streams",), ("streams", "worker"), ("replay",), ("analyze",), ("eval",), ("simulate",), ("broker",),
         ("topics",), ("topics", "create"), ("deadletters",), ("deadletters", "list"), ("deadletters", "replay"),
-        ("archive",), ("archive", "import"), ("env",), ("env", "score"), ("env", "show")])
+        ("archive",), ("archive", "import"), ("archive", "restore"), ("env",), ("env", "score"), ("env", "show")])
 
 
 @pytest.mark.parametrize("path", ALL, ids=" ".join)
