@@ -63,6 +63,16 @@ def deadletters_replay(reason: str = typer.Option(..., "--reason", help="The err
         print(f"held back {letter['event_id']} ({letter['service']}, {letter['source_topic']}): {why}")
 
 
+def open_archive(url: str, create: bool = False):
+    """The archive's client, or a usage error that says what is wrong with --clickhouse."""
+    from coevolve.services.clickhouse.client import ArchiveError, connect
+
+    try:
+        return connect(url, create=create)
+    except ArchiveError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--clickhouse") from None
+
+
 archive_app = typer.Typer(help="The ClickHouse archive: load Avro log files into it, put a kept log back on a "
                           "broker.", no_args_is_help=True)
 app.add_typer(archive_app, name="archive")
@@ -81,14 +91,11 @@ def archive_import(
     """Load Avro log files into the archive; importing a file again changes nothing."""
     from coevolve.schemas.container import LogFileError
     from coevolve.services.archive.importer import import_files
-    from coevolve.services.clickhouse.client import ArchiveError, chdb_url, connect
+    from coevolve.services.clickhouse.client import chdb_url
     from coevolve.services.clickhouse.urls import redact_url
 
     url = clickhouse or chdb_url(workdir)
-    try:
-        client = connect(url)
-    except ArchiveError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--clickhouse") from None
+    client = open_archive(url, create=True)
     try:
         counts = import_files(client, input, run_suffix=run_suffix, streamed=not url.startswith("chdb:"))
     except LogFileError as exc:
@@ -113,12 +120,9 @@ def archive_restore(
 ) -> None:
     """Put a kept log back on an empty broker: every record at its offset, then the groups' positions."""
     from coevolve.services.archive.restore import RestoreError, restore_log
-    from coevolve.services.clickhouse.client import ArchiveError, chdb_url, connect
+    from coevolve.services.clickhouse.client import chdb_url
 
-    try:
-        client = connect(clickhouse or chdb_url(workdir), create=False)
-    except ArchiveError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--clickhouse") from None
+    client = open_archive(clickhouse or chdb_url(workdir))
     try:
         done = restore_log(client, "coevolve", log_id, require(bootstrap), archiver_group, start_over or ())
     except RestoreError as exc:
@@ -193,12 +197,9 @@ def analyze(
 ) -> None:
     """Training-dynamics tables and plots (signals, validation, turns, reward, forgetting, rare calls)."""
     from coevolve.services.analytics.report import run_analyze
-    from coevolve.services.clickhouse.client import ArchiveError, chdb_url, connect
+    from coevolve.services.clickhouse.client import chdb_url
 
-    try:
-        client = connect(clickhouse or chdb_url(workdir), create=False)
-    except ArchiveError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--clickhouse") from None
+    client = open_archive(clickhouse or chdb_url(workdir))
     try:
         text, _ = run_analyze(client, workdir / "report", run_ids=run_ids, as_json=as_json)
     finally:
