@@ -1,9 +1,11 @@
 """Fault-injection runs, repeated: `coevolve run --preset smoke` on the rollout fleet with the validator,
 explorer, signal worker and learner each SIGKILLed once where a crash costs the most, the fleet's server
 SIGKILLed during a push, the broker unreachable from the learner while it publishes a step, the explorer
-starting on a backlog, and one validator dual-pass call that would compute for minutes (tests/faults/),
-each on a fresh embedded broker, and how many of the N runs lost or doubled nothing, applied each update
-once, and resumed past every failed step.
+starting on a backlog, one validator dual-pass call that would compute for minutes, the run's embedded
+broker SIGKILLed mid-run (its log restored from the archive), the learner's and the validator's tool
+hosts SIGKILLed while idle, and the validator's first catalog read finding no partition (tests/faults/);
+how many of the N runs lost or doubled nothing, applied each update once, and resumed past every failed
+step.
 
     python -m bench.bench_faults [--repeats N] [--workdir DIR]
 
@@ -20,7 +22,6 @@ import time
 from pathlib import Path
 
 from bench.common import machine
-from coevolve.services.kafka.embedded import EmbeddedBroker
 from tests.faults.scenario import run
 
 
@@ -36,8 +37,7 @@ def main() -> None:
     for i in range(1, args.repeats + 1):
         workdir = root / f"run-{i:02d}"
         started = time.monotonic()
-        with EmbeddedBroker() as broker:
-            outcome = run(workdir, broker.bootstrap, f"faults-{i:02d}")
+        outcome = run(workdir, f"faults-{i:02d}")
         seconds.append(time.monotonic() - started)
         passed += outcome.passed
         print(f"run {i}/{args.repeats}: {'passed' if outcome.passed else 'FAILED'} in {seconds[-1]:.0f} s, "

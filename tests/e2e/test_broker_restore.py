@@ -2,7 +2,8 @@
 first step comes back with the run's log and every service, is then interrupted, and `--resume` goes on
 with the topics it had. Checked on the log itself, put back once more on a broker of the test's own:
 every step once with all its trajectories, one verdict per task, live signals equal to a replay of the
-archive, summary.json counting both sessions."""
+archive and each on the log once (the signal worker starts over the restored log), summary.json counting
+both sessions."""
 from __future__ import annotations
 
 import json
@@ -93,5 +94,7 @@ def test_a_killed_broker_and_a_resume_keep_the_runs_log_whole(tmp_path):
         problems += _verdicts(tmp_path, summary, log, RUN, "")
         problems += _signals(tmp_path, summary, log, RUN)
     assert not problems, "\n".join(problems)
+    signals = [e["event_id"] for e in log["SignalRaised"] if e["run_id"] == RUN]
+    assert len(signals) == len(set(signals)), "the worker that started over sent signals the log held"
     steps = sorted({e["step"] for e in log["StepCompleted"] if e["run_id"] == RUN})
     assert steps == [1, 2, 3] and summary["steps"] == 3

@@ -2,7 +2,11 @@
 explorer, the signal worker and the learner are each SIGKILLed once where a crash costs the most, the
 fleet's server is SIGKILLed during a push, the broker is unreachable from the learner for longer than
 its producer's retries while it publishes a step, the explorer starts on a backlog of closed periods,
-and one dual-pass call of the validator would compute for minutes (`sitecustomize.py`); and the checks
+one dual-pass call of the validator would compute for minutes, the run's embedded broker is SIGKILLed
+mid-run, the learner's and the validator's tool hosts are SIGKILLed while idle, and the validator's
+first catalog read finds no partition (`sitecustomize.py`); and the checks, run on the run's log as the
+archive kept it (put back on a broker of the checking process), that the broker came back with the
+log, that no seed task was dropped nor proposal rejected for a dead host, and
 that nothing was lost or counted twice, that each update was applied once, that the learner stopped
 with a message at the failed push and resumed, that it rode out the outage by publishing the step
 again, and that the call was stopped at its limit.
@@ -20,7 +24,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
+from coevolve.services.archive.restore import restore_log
 from coevolve.services.clickhouse.client import chdb_url, connect
+from coevolve.services.kafka.embedded import EmbeddedBroker
 from coevolve.services.kafka.consumer import EventConsumer
 from coevolve.services.kafka.producer import DELIVERY_TIMEOUT_S, EventProducer
 from coevolve.services.kafka.topics import (CATALOG, EXPLORATIONS, SIGNALS, STEPS, TASKS, TRAJECTORIES,
@@ -31,7 +37,8 @@ from tests.faults.sitecustomize import BACKLOG, OUTAGE_STEP
 
 FAULTS = ("validator", "explorer", "streams", "learner")  # each SIGKILLed once
 FAILED_STEPS = ("fleet",)  # each ends the learner with a message, and the run resumes it
-OTHERS = FAILED_STEPS + ("outage", "backlog", "stall")
+HOSTS = ("host-learner", "host-validator")  # each process's tool host SIGKILLed while idle
+OTHERS = FAILED_STEPS + HOSTS + ("outage", "backlog", "stall", "broker", "catalog")
 # The dual pass with the stalled call: at least the tool host's limit (call_limit_s, 10 s), at most that
 # and a new host with its replays.
 STALL_S = (9.0, 60.0)
@@ -39,6 +46,7 @@ HERE = Path(__file__).resolve().parent
 EXE = str(Path(sys.executable).with_name("coevolve"))
 GARBAGE = b"garbage, not an Avro single-object event"
 MARGIN = timedelta(seconds=10)  # a verdict this long before a step began was in the learner's pool for it
+UNLOADABLE = "synthesized_unloadable"  # the id of the validated task whose initial state cannot load
 
 
 @dataclass
@@ -79,7 +87,7 @@ def inject_bad_input(bootstrap: str, run_id: str) -> str:
     state cannot load on coevolve.tasks; return that task's id."""
     good = validated_task(run_id)
     state = json.loads(good["initial_state"])
-    task_id = "synthesized_unloadable"
+    task_id = UNLOADABLE
     unloadable = {**good, "task_id": task_id, "event_id": verdict_id(task_id, "validated"),
                   "initial_state": json.dumps({**state, "GorillaFileSystem": {"root": 5}})}
     with EventProducer(bootstrap, client_id="faults") as producer:
@@ -90,37 +98,76 @@ def inject_bad_input(bootstrap: str, run_id: str) -> str:
     return unloadable["task_id"]
 
 
-def run(workdir: Path, bootstrap: str, run_id: str, timeout_s: float = 1200) -> Outcome:
-    """`coevolve run --preset smoke` with the four faults armed, a validated task on coevolve.tasks and bad
-    input on every topic; then every check."""
+def inject(bootstrap: str, run_id: str) -> None:
+    """The scenario's input, put on the run's broker before any service starts (by the run process,
+    `sitecustomize.run_loop`): a validated task, and bad input on every topic."""
     inject_validated_task(bootstrap, run_id)
-    unloadable = inject_bad_input(bootstrap, run_id)
+    inject_bad_input(bootstrap, run_id)
+
+
+def run(workdir: Path, run_id: str, timeout_s: float = 1500) -> Outcome:
+    """`coevolve run --preset smoke` on its embedded broker with every fault armed; then, on its log put back
+    from the archive on a broker of this process's own, every check."""
     faults = workdir / "faults"
     faults.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "COEVOLVE_FAULTS": str(faults),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([EXE, "run", "--preset", "smoke", "--workdir", str(workdir), "--bootstrap", bootstrap,
-                           "--run-id", run_id, "--set", "learner.backend=vllm-server"],
+    path = [str(HERE), str(HERE.parent.parent), os.environ.get("PYTHONPATH")]
+    env = {**os.environ, "COEVOLVE_FAULTS": str(faults), "PYTHONPATH": os.pathsep.join(filter(None, path))}
+    done = subprocess.run([EXE, "run", "--preset", "smoke", "--workdir", str(workdir), "--run-id", run_id,
+                           "--set", "learner.backend=vllm-server"],
                           capture_output=True, text=True, timeout=timeout_s, env=env)
     output = done.stdout + done.stderr
     fired = sorted(p.name for p in faults.iterdir())
     if done.returncode != 0:
         return Outcome(done.returncode, output, fired, [f"coevolve run exited with {done.returncode}"])
-    return Outcome(done.returncode, output, fired, check(workdir, bootstrap, run_id, fired, unloadable))
+    with EmbeddedBroker() as broker:
+        client = connect(chdb_url(workdir), create=False)
+        try:
+            restore_log(client, "coevolve", run_id, broker.bootstrap)
+        finally:
+            client.close()
+        return Outcome(done.returncode, output, fired, check(workdir, broker.bootstrap, run_id, fired, UNLOADABLE,
+                                                             output))
 
 
 def _restarts(summary: dict, fired: list[str]) -> list[str]:
-    """A restart after each kill, one of the learner after each failed step, and no other."""
+    """A restart after each kill, one of the learner after each failed step, one of the validator after
+    its short catalog read, the broker's once, and no other."""
     restarts = summary["restarts"]
     problems = [f"unplanned restart: {r}" for r in restarts if r["cause"] != "exit"]
-    killed = [r["service"] for r in restarts if r["cause"] == "exit" and r["exit_code"] == -9]
-    failed = [r["service"] for r in restarts if r["cause"] == "exit" and r["exit_code"] != -9]
+    services = [r for r in restarts if r["service"] != "broker"]
+    killed = [r["service"] for r in services if r["cause"] == "exit" and r["exit_code"] == -9]
+    failed = [r["service"] for r in services if r["cause"] == "exit" and r["exit_code"] != -9]
     if sorted(killed) != sorted(name for name in FAULTS if name in fired):
         problems.append(f"summary.json lists restarts after a SIGKILL of {sorted(killed)}, expected one of each "
                         f"killed service of {list(FAULTS)}")
-    if failed != ["learner"] * sum(name in fired for name in FAILED_STEPS):
-        problems.append(f"restarted after a failure: {failed}, expected the learner once for each of "
-                        f"{list(FAILED_STEPS)}")
+    expected = ["learner"] * sum(name in fired for name in FAILED_STEPS) + ["validator"] * ("catalog" in fired)
+    if sorted(failed) != sorted(expected):
+        problems.append(f"restarted after a failure: {failed}, expected {expected} (the learner once for each of "
+                        f"{list(FAILED_STEPS)}, the validator after its short catalog read)")
+    brokers = [r for r in restarts if r["service"] == "broker"]
+    if len(brokers) != ("broker" in fired) or any(r["exit_code"] != -9 for r in brokers):
+        problems.append(f"the broker's restarts: {brokers}, expected one after its SIGKILL")
+    return problems
+
+
+def _hosts(workdir: Path, log: dict, output: str, run_id: str) -> list[str]:
+    """A tool host killed while idle was replaced before the next request: no seed task dropped, no
+    proposal rejected for it; and the broker's death brought back the run's log."""
+    problems = []
+    for fault in HOSTS:
+        service = fault.split("-", 1)[1]
+        text = (workdir / "logs" / f"{service}.log").read_text(errors="replace")
+        if (workdir / "faults" / fault).exists() and "exited while idle" not in text:
+            problems.append(f"the {service}'s tool host was killed idle but not replaced as such (tool_host.ended)")
+    checkpoint = latest_checkpoint(workdir / "runs" / run_id / "learner")
+    dropped = checkpoint.sampler.get("dropped_seeds", []) if checkpoint else []
+    if dropped:
+        problems.append(f"seed tasks dropped from the learner's pool: {dropped}")
+    refused = [e["task_id"] for e in log["TaskChecked"] if "loading the initial state" in e.get("reason", "")]
+    if refused:
+        problems.append(f"proposals rejected because their initial state could not load: {refused}")
+    if (workdir / "faults" / "broker").exists() and f"restored log {run_id}:" not in output:
+        problems.append("the broker died and the run did not restore its log")
     return problems
 
 
@@ -185,7 +232,7 @@ def by_id(events: list[dict]) -> dict[str, dict]:
     return {e["event_id"]: e for e in events}
 
 
-def check(workdir: Path, bootstrap: str, run_id: str, fired: list[str], unloadable: str) -> list[str]:
+def check(workdir: Path, bootstrap: str, run_id: str, fired: list[str], unloadable: str, output: str) -> list[str]:
     """Every way the faults could have lost or doubled something, as messages; empty when none did."""
     summary = json.loads((workdir / "summary.json").read_text())
     log = read_log(bootstrap)
@@ -199,6 +246,7 @@ def check(workdir: Path, bootstrap: str, run_id: str, fired: list[str], unloadab
     problems += _updates_once(workdir, log, run_id)
     problems += _verdicts(workdir, summary, log, run_id, unloadable)
     problems += _signals(workdir, summary, log, run_id)
+    problems += _hosts(workdir, log, output, run_id)
     return problems
 
 

@@ -22,6 +22,17 @@ And four more faults, each once:
            the step again once the broker is back.
 - backlog: the explorer's first poll waits until `BACKLOG` of the run's steps are on coevolve.steps, so
            it starts on several closed periods at once. The file holds how many there were.
+- broker:  the run's embedded broker is SIGKILLed `BROKER_AFTER_S` after the run printed its first step
+           (mid-step, past the archiver's batch); the run restores its log and restarts every service.
+           The file holds the broker's pid.
+- host-learner, host-validator: the tool host of the learner and of the validator is SIGKILLed while
+           idle (no request in flight), before that process's second workspace opens. The file holds
+           the host's pid.
+- catalog: the validator's first start finds coevolve.tasks with no partition listed (as while a broker
+           restarts), so its complete catalog read fails and it exits; the run starts it again.
+
+The run process also puts the scenario's input on its broker before any service starts
+(`scenario.inject`): a validated task, and garbage and misplaced events on every topic.
 
 Each fires once per run: the first process to reach its moment creates `<COEVOLVE_FAULTS>/<fault>`
 (exclusively); a killed process writes its pid there, then kills itself; a restarted process finds the
@@ -43,6 +54,9 @@ STEP = 2  # the learner dies after publishing this step
 STALL = "round_number(number=1, decimal_places=-100000000)"  # CPython builds 10**(10**8): minutes
 OUTAGE_STEP = 3  # the learner loses the broker while publishing this step (the smoke preset's last)
 BACKLOG = 2  # steps on the broker before the explorer's first poll
+BROKER_AFTER_S = 5.0  # the broker dies this long after the run printed its first step
+# Which process this is: `coevolve run`, or the service a child of the run runs.
+SERVICE = next((a for a in sys.argv[1:] if a in ("run", "learner", "validator", "explorer", "streams", "archiver")), "")
 PUSH = {}  # the fleet server being pushed to and the version, in the learner
 
 
@@ -231,11 +245,63 @@ def learner(module) -> None:
     module.Learner._checkpoint = _checkpoint
 
 
+def run_loop(module) -> None:
+    from tests.faults.scenario import inject
+
+    start, follow = module.start, module.follow
+    due: list[float] = []
+
+    def starting(s):
+        inject(s.bootstrap, s.run_id)
+        start(s)
+
+    def following(s, tally, printed):
+        follow(s, tally, printed)
+        if printed and s.broker is not None:
+            due[:] = due or [time.monotonic() + BROKER_AFTER_S]
+            if time.monotonic() >= due[0] and claim("broker"):
+                note("broker", str(s.broker.process.pid))
+                s.broker.process.kill()
+
+    module.start, module.follow = starting, following
+
+
+def tool_host(module) -> None:
+    if SERVICE not in ("learner", "validator") or "--policy-only" in sys.argv:
+        return
+    open_workspace = module.ToolHost.open
+
+    def opening(self, task):
+        if self._process is not None and self._process.poll() is None and claim(f"host-{SERVICE}"):
+            with self._lock:  # no request in flight: the host dies idle
+                note(f"host-{SERVICE}", str(self._process.pid))
+                self._process.kill()
+                self._process.wait()
+        return open_workspace(self, task)
+
+    module.ToolHost.open = opening
+
+
+def consumer(module) -> None:
+    if SERVICE != "validator":
+        return
+    partitions = module.EventConsumer._partitions
+
+    def listed(self, topics, timeout_s):
+        if self.service == "validator-catalog" and claim("catalog"):
+            return []
+        return partitions(self, topics, timeout_s)
+
+    module.EventConsumer._partitions = listed
+
+
 PATCHES = {"coevolve.services.validator.service": validator, "coevolve.services.validator.stages": stages,
            "coevolve.services.explorer.service": explorer,
            "coevolve.streams.worker.faust_compat": streams, "coevolve.services.learner.loop.service": learner,
            "coevolve.services.learner.loop.publish": publish, "coevolve.services.fleet.servers": servers,
-           "coevolve.services.fleet.backend": backend, "coevolve.services.fleet.transfer": transfer}
+           "coevolve.services.fleet.backend": backend, "coevolve.services.fleet.transfer": transfer,
+           "coevolve.services.run.loop": run_loop, "coevolve.services.envs.host": tool_host,
+           "coevolve.services.kafka.consumer": consumer}
 
 
 class PatchOnImport(importlib.abc.MetaPathFinder):
