@@ -206,6 +206,14 @@ class SignalBuffer:
                 period.due_at = now + self.config.step_grace_s
         return self.expire(now)
 
+    def key_of(self, run_id: str, step: int) -> tuple[str, int]:
+        """The (run, period) a step belongs to: what a plan closes and `Holds` keys by."""
+        return run_id, step // self.config.every_steps
+
+    def due_keys(self, run_id: str, step: int) -> list[tuple[str, int]]:
+        """The open periods a `StepCompleted` of `step` made due (they wait for their grace)."""
+        return [k for k in self._open if k[0] == run_id and self._last_step(k) <= step]
+
     def expire(self, now: float) -> list[Plan]:
         """Close every period due, or opened at least `step_window_s` ago."""
         due = [k for k, p in self._open.items() if p.due_at is not None and now >= p.due_at]

@@ -5,8 +5,10 @@ It reads `coevolve.signals` and `coevolve.steps` in one consumer group. Signals 
 `step_window_s`), and its plan is explored (`exploring.explore_plan`) while the consumer keeps its
 group (`EventConsumer.working`). The explorations are published and confirmed, a cluster whose
 reflection never parsed goes to the dead-letter topic with the reason, and only then are the offsets
-committed, and only while no period is open: a crash re-delivers what was not yet explored, and the
-deterministic exploration ids let consumers drop what was published twice.
+committed, each partition up to the oldest record an open period still holds (its signals, the
+`StepCompleted` that made it due; `Holds`), so a long backlog commits as it is worked off: a crash
+re-delivers what was not yet explored, and the deterministic exploration ids let consumers drop what was
+published twice.
 
 A signal may name a task the loop made: the explorer keeps the catalog of validated tasks (`TaskCatalog`,
 read from `coevolve.tasks` at start and again whenever a signal names an id it does not know).
@@ -25,6 +27,7 @@ from coevolve.services.explorer.config import ExplorerServiceConfig, ExplorerSet
 from coevolve.services.explorer.exploring import Budget, Outcome, explore_plan, explore_static
 from coevolve.services.explorer.planning import Plan, SignalBuffer
 from coevolve.services.kafka.consumer import EventConsumer
+from coevolve.services.kafka.holds import Holds
 from coevolve.services.kafka.producer import EventProducer
 from coevolve.services.kafka.topics import EXPLORATIONS, SIGNALS, STEPS, TASKS
 from coevolve.services.runtime.service import Service
@@ -42,6 +45,7 @@ class Explorer(Service):
         self.cfg: ExplorerServiceConfig = cfg
         self.core, self.seeds, self.backend_cfg = settings.explorer, settings.seeds, settings.backend
         self.buffer = SignalBuffer(self.core)
+        self.holds = Holds()
         self.sampling = SamplingConfig(temperature=gen.temperature, max_new_tokens=gen.max_new_tokens,
                                        seed=self.backend_cfg.seed)
         self.json_sampling = dataclasses.replace(self.sampling, max_new_tokens=gen.json_max_new_tokens)
@@ -97,18 +101,22 @@ class Explorer(Service):
         self.last_event = time.monotonic()
 
     def poll(self) -> None:
-        """Poll once, gather, explore the periods that closed, publish, and commit when no signal waits."""
+        """Poll once, gather, explore the periods that closed, publish, and commit up to what open periods hold."""
         items = self.consumer.poll(0.5, self.cfg.poll_records)  # bounded: a backlog is worked off in batches
         self.beat()
         plans: list[Plan] = []
+        buffer = self.buffer
         for item in items:
             if item.name == "SignalRaised":
-                if self.buffer.add(item.event, time.monotonic()):
+                if buffer.add(item.event, time.monotonic()):
                     self.m_signals.inc()
                     self.delivered[str(item.event["event_id"])] = item
+                    self.holds.hold(buffer.key_of(str(item.event["run_id"]), int(item.event["step"])), item)
             elif item.name == "StepCompleted":
-                plans += self.buffer.step_completed(str(item.event["run_id"]), int(item.event["step"]),
-                                                    time.monotonic())
+                run_id, step = str(item.event["run_id"]), int(item.event["step"])
+                plans += buffer.step_completed(run_id, step, time.monotonic())
+                for key in buffer.due_keys(run_id, step):
+                    self.holds.hold(key, item)
             else:
                 self.consumer.reject(item, "invalid", f"expected SignalRaised or StepCompleted, got {item.name}")
         plans += self.buffer.expire(time.monotonic())
@@ -120,10 +128,10 @@ class Explorer(Service):
                 for plan in plans:  # several periods closed at once after downtime: a beat after each
                     outcomes.append(self._explore(plan))
                     self.beat()
+        for plan in plans:
+            self.holds.release(buffer.key_of(plan.run_id, plan.first_step))
         self.uncommitted += len(items)
-        if self.buffer.waiting:  # a commit now would lose the waiting signals (or step) on a crash
-            self._publish(outcomes)
-        elif self.uncommitted or outcomes:
+        if self.uncommitted or outcomes:
             self.settle(lambda: self._publish(outcomes), self._commit, self.uncommitted)
             self.uncommitted = 0
         idle = time.monotonic() - self.last_event
@@ -167,9 +175,12 @@ class Explorer(Service):
         self.producer.flush()
 
     def _commit(self) -> bool:
-        """Commit everything polled: every signal in it has been explored or dead-lettered."""
-        self.delivered.clear()
-        return self.consumer.commit()
+        """Commit everything polled but what an open period holds: the rest has been explored or
+        dead-lettered."""
+        floor = self.holds.floor()
+        self.delivered = {signal_id: item for signal_id, item in self.delivered.items()  # an open period's may
+                          if item.offset >= floor.get((item.topic, item.partition), item.offset + 1)}  # fail later
+        return self.consumer.commit(below=floor)
 
     def finish(self) -> None:
         for closable in (self.consumer, self.catalog_reader, self.producer, self.backend):

@@ -4,11 +4,12 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from kafka import KafkaConsumer, TopicPartition
+from kafka.structs import OffsetAndMetadata
 from kafka.errors import CommitFailedError, IllegalGenerationError, RebalanceInProgressError, UnknownMemberIdError
 
 from coevolve.schemas import DecodeError, SchemaRegistry, default_registry
@@ -228,14 +229,20 @@ class EventConsumer:
                         partitions=[f"{tp.topic}:{tp.partition}" for tp in behind])
         return out
 
-    def commit(self) -> bool:
-        """Commit the offsets of everything polled so far (call after the batch is stored); False when
+    def commit(self, below: Mapping[tuple[str, int], int] | None = None) -> bool:
+        """Commit the offsets of everything polled so far (call after the batch is stored), or on the
+        partitions `below` names only up to that offset (a record still held, `holds.py`); False when
         the group moved on (a rebalance): nothing to fix, the service goes on polling, and what was not
         committed comes again, which idempotent handling absorbs."""
         if self.deadletters is not None:
             self.deadletters.flush()
         try:
-            self._consumer.commit()
+            if below:
+                positions = {tp: self._consumer.position(tp) for tp in self._consumer.assignment()}
+                self._consumer.commit({tp: OffsetAndMetadata(min(below.get((tp.topic, tp.partition), at), at), "", -1)
+                                       for tp, at in positions.items() if at is not None})
+            else:
+                self._consumer.commit()
         except GROUP_MOVED as exc:
             self.commits_failed += 1
             log.warning("consumer.commit_failed", service=self.service, error=type(exc).__name__,

@@ -47,6 +47,9 @@ class ExplorationGroups:
         del self._open[key]
         return [group.events[r] for r in sorted(group.events)]
 
+    def is_open(self, key: tuple[str, str, str]) -> bool:
+        return key in self._open
+
     def expire(self, now: float, max_wait_s: float) -> list[list[Mapping[str, Any]]]:
         """Incomplete groups opened at least `max_wait_s` ago, by round."""
         keys = [k for k, g in self._open.items() if now - g.opened_at >= max_wait_s]

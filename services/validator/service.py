@@ -4,7 +4,8 @@ Explorations gather in `ExplorationGroups` (the rounds of one source on one task
 or one that waited `group_wait_s`, is abstracted by the model into a proposed task, which goes through
 the validation stages (`proposing.check_groups`, one batched abstraction for every ready group). Every verdict is published to `coevolve.tasks`, keyed
 by the task id; a group whose abstraction never parsed goes to the dead-letter topic with the reason.
-Offsets are committed after publishing, and only while no exploration waits in an open group. An event
+Offsets are committed after publishing, each partition up to the oldest exploration an open group still
+holds (`Holds`), so a long backlog commits as it is worked off. An event
 that is not an `ExplorationRecorded` is dead-lettered (`invalid`).
 
 A task is judged once. Its id derives from the group's exploration ids, and at start the validator
@@ -26,12 +27,13 @@ from coevolve.services.agent.config import SamplingConfig
 from coevolve.services.envs.catalog import TaskCatalog
 from coevolve.services.envs.host import bounded_tool_calls, register_tool_host
 from coevolve.services.kafka.consumer import EventConsumer
+from coevolve.services.kafka.holds import Holds
 from coevolve.services.kafka.producer import EventProducer
 from coevolve.services.kafka.topics import EXPLORATIONS, TASKS
 from coevolve.services.runtime.service import Service
 from coevolve.services.validator.abstraction import synthesized_task_id
 from coevolve.services.validator.config import ValidatorServiceConfig, ValidatorSettings
-from coevolve.services.validator.groups import ExplorationGroups
+from coevolve.services.validator.groups import ExplorationGroups, group_key
 from coevolve.services.validator.novelty import RunIndexes
 from coevolve.services.validator.proposing import Checked, check_groups
 
@@ -54,6 +56,7 @@ class Validator(Service):
         self.cfg: ValidatorServiceConfig = cfg
         self.core, self.backend_cfg = settings.validator, backend_cfg
         self.groups = ExplorationGroups(self.core.rounds_per_group)
+        self.holds = Holds()
         self.sampling = SamplingConfig(temperature=gen.temperature, max_new_tokens=gen.json_max_new_tokens,
                                        seed=backend_cfg.seed)
         self.attempt_sampling = SamplingConfig(temperature=cfg.attempt_temperature, max_new_tokens=gen.max_new_tokens,
@@ -123,7 +126,7 @@ class Validator(Service):
         return known
 
     def poll(self) -> None:
-        """Poll once, group, check the groups that are ready, publish, commit when no group waits."""
+        """Poll once, group, check the groups that are ready, publish, commit up to what open groups hold."""
         items = self.consumer.poll(0.5, self.cfg.poll_records)  # bounded: a backlog is worked off in batches
         self.beat()
         ready: list = []
@@ -135,8 +138,13 @@ class Validator(Service):
             group = self.groups.add(item.event, time.monotonic())
             if group is not None:
                 ready.append(group)
+            elif self.groups.is_open(group_key(item.event)):
+                self.holds.hold(group_key(item.event), item)
         self.m_explorations.inc(len(items))
-        ready = self._unjudged(ready + self.groups.expire(time.monotonic(), self.cfg.group_wait_s))
+        ready = ready + self.groups.expire(time.monotonic(), self.cfg.group_wait_s)
+        for group in ready:
+            self.holds.release(group_key(group[0]))
+        ready = self._unjudged(ready)
         if items or ready or not self.consumer.assigned():
             self.last_event = self.last_beat
         results: list[Checked] = []
@@ -151,9 +159,7 @@ class Validator(Service):
                                                 self.attempt_sampling, self.cfg.attempts, self.catalog.get)
                         self.beat()
         self.uncommitted += len(items)
-        if self.groups.pending:
-            self._publish(ready, results)
-        elif self.uncommitted or results:
+        if self.uncommitted or results:
             self.settle(lambda: self._publish(ready, results), self._commit, self.uncommitted)
             self.uncommitted = 0
         idle = time.monotonic() - self.last_event
@@ -197,8 +203,11 @@ class Validator(Service):
         self.producer.flush()
 
     def _commit(self) -> bool:
-        self.delivered.clear()
-        return self.consumer.commit()
+        """Commit everything polled but what an open group holds."""
+        floor = self.holds.floor()
+        self.delivered = {event_id: item for event_id, item in self.delivered.items()  # an open group's
+                          if item.offset >= floor.get((item.topic, item.partition), item.offset + 1)}
+        return self.consumer.commit(below=floor)
 
     def finish(self) -> None:
         for closable in (self.consumer, self.catalog_reader, self.producer, self.backend):

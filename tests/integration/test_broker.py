@@ -202,3 +202,32 @@ def test_a_services_producer_writes_its_row_of_writes_and_refuses_every_other_to
     assert producer.sent == 1  # confirmed at the flush on leaving the block
     assert [i.name for i in EventConsumer(bootstrap, [SIGNALS.name], service="t").read_to_end()] == []
     assert all(DEADLETTER.name in topics for topics in WRITES.values())  # every service dead-letters its bad input
+
+
+def test_a_commit_below_a_held_record_stops_there_and_commits_the_other_partitions_whole(bootstrap):
+    create_topics(bootstrap)
+    step = sample_events()["StepCompleted"]
+    with EventProducer(bootstrap) as producer:
+        for i in range(3):
+            producer.send(STEPS.name, {**step, "event_id": f"s{i}", "step": i}, key="r")
+    signal = sample_events()["SignalRaised"]
+    with EventProducer(bootstrap) as producer:
+        producer.send(SIGNALS.name, signal, key="t")
+    group = f"holds-{uuid.uuid4().hex[:6]}"
+    consumer = EventConsumer(bootstrap, [STEPS.name, SIGNALS.name], group_id=group, service="test")
+    try:
+        got, deadline = [], time.monotonic() + 60
+        while len(got) < 4 and time.monotonic() < deadline:  # a group joins after its rebalance wait
+            got += consumer.poll(0.5)
+        assert len(got) == 4
+        signal_partition = next(d.partition for d in got if d.topic == SIGNALS.name)
+        assert consumer.commit(below={(STEPS.name, 0): 1})  # step 1 still held: steps commits up to it
+    finally:
+        consumer.close()
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        committed = {(tp.topic, tp.partition): m.offset for tp, m in admin.list_group_offsets(group)[group].items()
+                     if m.offset >= 0}
+    finally:
+        admin.close()
+    assert committed[(STEPS.name, 0)] == 1 and committed[(SIGNALS.name, signal_partition)] == 1
