@@ -16,7 +16,7 @@ from bench.common import machine, median_rate, report
 from coevolve.services.agent.config import EpisodeLimits
 from coevolve.services.envs import bfcl_data
 from coevolve.services.envs.bfcl import BfclEnv
-from coevolve.services.envs.host import bounded_tool_calls
+from coevolve.services.envs.hosts import bounded_tool_calls
 
 
 def main() -> None:

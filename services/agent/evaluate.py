@@ -16,7 +16,7 @@ from coevolve.services.agent.backends import make_backend
 from coevolve.services.agent.config import BackendConfig, EpisodeLimits, EvalConfig, SamplingConfig
 from coevolve.services.agent.episodes import Episode, run_episodes
 from coevolve.services.envs.base import Task
-from coevolve.services.envs.host import bounded_tool_calls
+from coevolve.services.envs.hosts import bounded_tool_calls
 
 
 def eval_tasks(config: EvalConfig) -> list[Task]:

@@ -227,7 +227,7 @@ def env_score(
 
     from coevolve.services.agent.config import EpisodeLimits
     from coevolve.services.envs.commands import CommandError, score_batch, score_one
-    from coevolve.services.envs.host import bounded_tool_calls
+    from coevolve.services.envs.hosts import bounded_tool_calls
 
     if call_limit_s <= 0:
         raise typer.BadParameter("--call-limit-s must be positive: the calls scored are not this command's own")

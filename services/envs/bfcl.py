@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
-from coevolve.services.envs import bfcl_data, host
+from coevolve.services.envs import bfcl_data, hosts
+from coevolve.services.envs.host import HostedWorkspace, WorkspaceLost
 from coevolve.services.envs.base import Message, StepResult, Task, TurnVerdict
 from coevolve.services.envs.calls import Call, CallLimits, Rejected, parse_action
 from coevolve.services.envs.tools import InvalidTask, LocalWorkspace, public_methods
@@ -57,10 +58,10 @@ class BfclConfig:
         return CallLimits(self.max_action_chars, self.max_literal_depth, self.max_literal_nodes)
 
 
-def workspace(task: Task) -> LocalWorkspace | host.HostedWorkspace:
-    """Fresh instances for `task`: in the tool host when this process bounds its tool calls, else here."""
-    tool_host = host.installed()
-    return host.HostedWorkspace(tool_host, task) if tool_host else LocalWorkspace(task)
+def workspace(task: Task) -> LocalWorkspace | HostedWorkspace:
+    """Fresh instances for `task`: in this thread's tool host when this process bounds its tool calls, else here."""
+    tool_host = hosts.installed()
+    return HostedWorkspace(tool_host, task) if tool_host else LocalWorkspace(task)
 
 
 @lru_cache(maxsize=4096)
@@ -142,7 +143,7 @@ class BfclEnv:
                 return self.terminate(f"time limit of {self.config.timeout_s:g} s reached", observations)
             try:
                 result = self.work.run(call)
-            except host.WorkspaceLost as exc:
+            except WorkspaceLost as exc:
                 return self.terminate(f"the tool calls' state was lost: {exc}", observations)
             self.results.append(result)
             self.turn_calls += 1
@@ -164,7 +165,7 @@ class BfclEnv:
     def _end_turn(self) -> StepResult:
         try:
             verdict = self._check_turn() if self.task.scored else None
-        except host.WorkspaceLost as exc:
+        except WorkspaceLost as exc:
             return self.terminate(f"the tool calls' state was lost: {exc}")
         if verdict is not None:
             self._verdicts.append(verdict)
@@ -234,7 +235,7 @@ def reference_problems(task: Task) -> list[str]:
         for source, call in zip(calls, _parse_reference(tuple(calls))):
             try:
                 result = work.run(call)
-            except host.WorkspaceLost as exc:
+            except WorkspaceLost as exc:
                 return problems + [f"turn {turn}: {source} -> {exc}"]
             try:
                 value = json.loads(result)

@@ -3,8 +3,8 @@
 A model-written call is free to pick its arguments, and some backend functions then compute for minutes
 inside one C call that no signal or thread can interrupt (`MathAPI.round_number(1, -100000000)` makes
 CPython build 10**(10**8)). The bound that holds for every function is a process: each calling process
-keeps one tool host, a child interpreter holding the instances of all its open workspaces, and gives
-every request `limit_s` seconds. The host's address space is capped at `memory_mb` (RLIMIT_AS), so an
+keeps a tool host for each thread that makes calls (`hosts.py`), a child interpreter holding the
+instances of that thread's open workspaces, and gives every request `limit_s` seconds. The host's address space is capped at `memory_mb` (RLIMIT_AS), so an
 allocation past it fails as that call's error; it may write no file past `host_child.FILE_LIMIT_MB` (RLIMIT_FSIZE;
 its output goes nowhere), it gets only the environment an interpreter needs (no broker or archive
 secrets), and it answers in JSON, so nothing it sends back can run code in the calling process.
@@ -27,13 +27,9 @@ import sys
 import threading
 import weakref
 from collections import deque
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any, Iterator
-
-from prometheus_client.core import CounterMetricFamily, Metric
-from prometheus_client.registry import Collector, CollectorRegistry
+from typing import Any
 
 from coevolve.services.envs.base import Task
 from coevolve.services.envs.calls import Call, Rejected
@@ -276,45 +272,3 @@ class HostedWorkspace:
 
     def state_differences(self, reference: "HostedWorkspace") -> dict[str, list[str]]:
         return self.host.differences(self.ws, reference.ws)
-
-
-_installed: ToolHost | None = None
-
-
-@contextmanager
-def bounded_tool_calls(limits: Any = None) -> Iterator[ToolHost | None]:
-    """Within, this process's new workspaces run their calls in a tool host bounded by `limits` (its
-    `call_limit_s` and `call_memory_mb`; None or a limit of 0: here, unbounded)."""
-    global _installed
-    bounded = limits is not None and limits.call_limit_s > 0
-    previous, _installed = _installed, ToolHost(limits.call_limit_s, limits.call_memory_mb) if bounded else None
-    try:
-        yield _installed
-    finally:
-        if _installed is not None:
-            _installed.close()
-        _installed = previous
-
-
-def installed() -> ToolHost | None:
-    return _installed
-
-
-class _Counts(Collector):
-    """This process's tool host on a service's /metrics, read at each scrape (zero while none is installed)."""
-
-    COUNTS = (("tool_host_calls_stopped", "Tool calls stopped at their time limit (limits.call_limit_s); each had "
-                                          "no effect.", "stopped"),
-              ("tool_host_restarts", "Tool hosts started anew after a call past its limit or a host's death.",
-               "restarts"),
-              ("tool_host_workspaces_lost", "Open workspaces a new tool host could not rebuild (their episodes "
-                                            "ended).", "lost"))
-
-    def collect(self) -> Iterator[Metric]:
-        for name, text, attribute in self.COUNTS:
-            yield CounterMetricFamily(name, text, value=getattr(_installed, attribute) if _installed else 0)
-
-
-def register_tool_host(registry: CollectorRegistry) -> None:
-    """Expose the tool host's counts on `registry` (a service's)."""
-    registry.register(_Counts())

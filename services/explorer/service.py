@@ -22,7 +22,7 @@ from prometheus_client import Counter
 
 from coevolve.services.agent.config import SamplingConfig
 from coevolve.services.envs.catalog import TaskCatalog
-from coevolve.services.envs.host import bounded_tool_calls, register_tool_host
+from coevolve.services.envs.hosts import bounded_tool_calls, register_tool_host
 from coevolve.services.explorer.config import ExplorerServiceConfig, ExplorerSettings
 from coevolve.services.explorer.exploring import Budget, Outcome, explore_plan, explore_static
 from coevolve.services.explorer.planning import Plan, SignalBuffer

@@ -25,7 +25,7 @@ from prometheus_client import Counter, Gauge
 
 from coevolve.services.agent.config import SamplingConfig
 from coevolve.services.envs.catalog import TaskCatalog
-from coevolve.services.envs.host import bounded_tool_calls, register_tool_host
+from coevolve.services.envs.hosts import bounded_tool_calls, register_tool_host
 from coevolve.services.kafka.consumer import EventConsumer
 from coevolve.services.kafka.holds import Holds
 from coevolve.services.kafka.producer import EventProducer

@@ -12,7 +12,7 @@ import pytest
 from coevolve.services.agent.config import EpisodeLimits
 from coevolve.services.envs.base import Task
 from coevolve.services.envs.bfcl import BfclEnv
-from coevolve.services.envs.host import bounded_tool_calls
+from coevolve.services.envs.hosts import bounded_tool_calls
 from coevolve.services.validator.stages import check_executable
 
 pytestmark = pytest.mark.integration
@@ -170,3 +170,31 @@ def test_the_host_gets_no_secret_writes_no_large_file_and_answers_in_json(monkey
         kind, why = json.loads(raw)
         assert kind == "error" and "KeyError" in why
     assert resource.getrlimit(resource.RLIMIT_FSIZE)[0] == resource.RLIM_INFINITY  # the caller's own is untouched
+
+
+def test_a_call_stalled_in_one_thread_holds_no_other_threads_episodes():
+    """Each thread gets its own host: the learner's evaluation goes on while its look-ahead thread's call
+    runs to its limit (before, one host and one lock held every episode of the process that long)."""
+    limits = EpisodeLimits(call_limit_s=12.0, call_memory_mb=512)
+    with bounded_tool_calls(limits) as host:
+        stalled = BfclEnv()
+        started, answered = threading.Event(), {}
+
+        def stall():
+            stalled.reset(TASK)  # opened in this thread: its host
+            started.set()
+            answered["stalled"] = _content(stalled.step(STALL.replace("10000000", "100000000")))  # minutes
+
+        worker = threading.Thread(target=stall)
+        worker.start()
+        started.wait()
+        time.sleep(0.5)  # the stalled call is in the host
+        other = time.monotonic()
+        quick = BfclEnv()  # this thread's own host
+        quick.reset(TASK)
+        assert _content(quick.step("mkdir(dir_name='a')")) == "None"
+        answered["quick_s"] = time.monotonic() - other
+        worker.join(60)
+        assert "ran past its limit of 12 s" in answered["stalled"]
+        assert answered["quick_s"] < 8, answered  # not held until the stalled call's limit
+        assert quick.work.host is host and stalled.work.host is not host

@@ -5,7 +5,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from coevolve.services.agent.config import BackendConfig, EpisodeLimits
-from coevolve.services.envs import host
+from coevolve.services.envs import hosts
 from coevolve.services.explorer.config import ExplorerSettings
 from coevolve.services.explorer.service import Explorer
 from coevolve.services.learner.config import LearnerConfig, LearnerSettings
@@ -25,11 +25,11 @@ LIMITS = EpisodeLimits(call_limit_s=3.0, call_memory_mb=300)
 def test_a_service_runs_within_a_tool_host_bounded_by_its_limits(build, tmp_path):
     service = build(tmp_path)
     with service.scope as bound:
-        assert host.installed() is bound
+        assert hosts.installed() is bound
         assert (bound.limit_s, bound.memory_mb) == (3.0, 300)
         bound.stopped, bound.restarts, bound.lost = 2, 1, 1
         assert _counts(service) == {"calls_stopped": 2.0, "restarts": 1.0, "workspaces_lost": 1.0}
-    assert host.installed() is None
+    assert hosts.installed() is None
     assert _counts(service) == {"calls_stopped": 0.0, "restarts": 0.0, "workspaces_lost": 0.0}
 
 
@@ -43,4 +43,4 @@ def _counts(service) -> dict[str, float]:
 def test_a_limit_of_zero_runs_tool_calls_in_the_process_itself():
     service = Explorer(ExplorerSettings(limits=EpisodeLimits(call_limit_s=0)))
     with service.scope as bound:
-        assert bound is None and host.installed() is None
+        assert bound is None and hosts.installed() is None

@@ -24,7 +24,7 @@ from typing import Any
 
 from coevolve.services.agent.config import SamplingConfig
 from coevolve.services.agent.episodes import EpisodesStopped
-from coevolve.services.envs.host import bounded_tool_calls, register_tool_host
+from coevolve.services.envs.hosts import bounded_tool_calls, register_tool_host
 from coevolve.services.fleet.backend import FleetBackend
 from coevolve.services.fleet.client import FleetError, WeightTransferError
 from coevolve.services.kafka.producer import DeliveryError, EventProducer
