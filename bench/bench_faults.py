@@ -3,7 +3,7 @@ explorer, signal worker and learner each SIGKILLed once where a crash costs the 
 SIGKILLed during a push, the broker unreachable from the learner while it publishes a step, the explorer
 starting on a backlog, one validator dual-pass call that would compute for minutes, the run's embedded
 broker SIGKILLed mid-run (its log restored from the archive), the learner's and the validator's tool
-hosts SIGKILLed while idle, and the validator's first catalog read finding no partition (tests/faults/);
+hosts SIGKILLed while idle, and the validator's catalog read after its restart finding no partition (tests/faults/);
 how many of the N runs lost or doubled nothing, applied each update once, and resumed past every failed
 step.
 

@@ -3,7 +3,7 @@ learner each SIGKILLed once where a crash costs the most, the fleet's server SIG
 broker unreachable from the learner for longer than its retries while it publishes a step, the explorer
 starting on a backlog of closed periods, a dual-pass call that would compute for minutes, the run's
 embedded broker SIGKILLed mid-run, the learner's and the validator's tool hosts SIGKILLed while idle, and
-the validator's first catalog read finding no partition (tests/faults/): the broker comes back with the
+the validator's catalog read after its restart finding no partition (tests/faults/): the broker comes back with the
 run's log and every service, the call is stopped at the tool host's limit, the learner stops with a message at each
 failed step and resumes, the run completes, its summary agrees with the broker, each update was applied
 once, every task has one verdict on the topic and in the archive, no validated task leaves the pool, the

@@ -4,7 +4,7 @@ fleet's server is SIGKILLed during a push, the broker is unreachable from the le
 its producer's retries while it publishes a step, the explorer starts on a backlog of closed periods,
 one dual-pass call of the validator would compute for minutes, the run's embedded broker is SIGKILLed
 mid-run, the learner's and the validator's tool hosts are SIGKILLed while idle, and the validator's
-first catalog read finds no partition (`sitecustomize.py`); and the checks, run on the run's log as the
+catalog read after its restart finds no partition (`sitecustomize.py`); and the checks, run on the run's log as the
 archive kept it (put back on a broker of the checking process), that the broker came back with the
 log, that no seed task was dropped nor proposal rejected for a dead host, and
 that nothing was lost or counted twice, that each update was applied once, that the learner stopped

@@ -28,8 +28,9 @@ And four more faults, each once:
 - host-learner, host-validator: the tool host of the learner and of the validator is SIGKILLed while
            idle (no request in flight), before that process's second workspace opens. The file holds
            the host's pid.
-- catalog: the validator's first start finds coevolve.tasks with no partition listed (as while a broker
-           restarts), so its complete catalog read fails and it exits; the run starts it again.
+- catalog: the validator's start after its SIGKILL finds coevolve.tasks with no partition listed (as
+           while a broker restarts), so its complete catalog read fails and it exits; the run starts it
+           again.
 
 The run process also puts the scenario's input on its broker before any service starts
 (`scenario.inject`): a validated task, and garbage and misplaced events on every topic.
@@ -74,6 +75,11 @@ def note(fault: str, text: str) -> None:
         fh.write(text)
 
 
+def _noted(fault: str) -> bool:
+    with open(os.path.join(FOLDER, fault)) as fh:
+        return bool(fh.read())
+
+
 def fire(service: str) -> None:
     """SIGKILL this process unless `service`'s fault fired already in this run."""
     if not claim(service):
@@ -108,7 +114,7 @@ def explorer(module) -> None:
     poll = module.Explorer.poll
 
     def first_poll(self):
-        if claim("backlog"):
+        if claim("backlog") or not _noted("backlog"):  # again when the explorer died while it waited
             note("backlog", str(_await_steps(self, BACKLOG)))
         module.Explorer.poll = poll
         poll(self)
@@ -288,7 +294,8 @@ def consumer(module) -> None:
     partitions = module.EventConsumer._partitions
 
     def listed(self, topics, timeout_s):
-        if self.service == "validator-catalog" and claim("catalog"):
+        restarted = os.path.exists(os.path.join(FOLDER, "validator"))  # after its own SIGKILL
+        if self.service == "validator-catalog" and restarted and claim("catalog"):
             return []
         return partitions(self, topics, timeout_s)
 
@@ -300,8 +307,9 @@ PATCHES = {"coevolve.services.validator.service": validator, "coevolve.services.
            "coevolve.streams.worker.faust_compat": streams, "coevolve.services.learner.loop.service": learner,
            "coevolve.services.learner.loop.publish": publish, "coevolve.services.fleet.servers": servers,
            "coevolve.services.fleet.backend": backend, "coevolve.services.fleet.transfer": transfer,
-           "coevolve.services.run.loop": run_loop, "coevolve.services.envs.host": tool_host,
-           "coevolve.services.kafka.consumer": consumer}
+           "coevolve.services.envs.host": tool_host, "coevolve.services.kafka.consumer": consumer}
+if SERVICE == "run":  # the run process builds the scenario's input with the services' own code, unpatched
+    PATCHES = {"coevolve.services.run.loop": run_loop}
 
 
 class PatchOnImport(importlib.abc.MetaPathFinder):

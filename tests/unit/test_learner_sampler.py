@@ -190,6 +190,9 @@ def test_the_feed_offers_verdicts_and_dead_letters_every_other_event_type():
         def poll(self, timeout_s):
             return self.batches.pop() if self.batches else []
 
+        def read_to_end(self, timeout_s):  # the feed's first read: what the topic holds
+            return self.poll(timeout_s)
+
         def reject(self, item, error_type, reason):
             self.dead_lettered += 1
             self.rejected.append((item.offset, error_type, reason))
@@ -244,6 +247,9 @@ def test_the_static_wait_ends_when_the_static_tasks_of_this_run_have_verdicts():
             time.sleep(0.01)
             return self.batches.pop() if self.batches else []
 
+        def read_to_end(self, timeout_s):  # the feed's first read: what the topic holds
+            return self.poll(timeout_s)
+
         def close(self):
             pass
 
@@ -271,6 +277,9 @@ def test_a_feed_whose_reader_fails_makes_the_learner_unhealthy_and_a_stopped_one
 
         def poll(self, timeout_s):
             raise ConnectionError("broker at 127.0.0.1:9 is gone")
+
+        def read_to_end(self, timeout_s):  # the feed's first read: what the topic holds
+            return self.poll(timeout_s)
 
         def close(self):
             pass
@@ -328,6 +337,9 @@ def test_a_broker_error_does_not_end_the_feed_and_nothing_is_offered_or_lost_twi
                 done.set()
             return self.polls.pop(0) if self.polls else []
 
+        def read_to_end(self, timeout_s):  # the feed's first read: what the topic holds
+            return self.poll(timeout_s)
+
         def reject(self, item, error_type, reason):
             self.dead_lettered += 1
             self.queued.append(item.offset)
@@ -370,3 +382,33 @@ def test_the_subjects_are_every_seed_and_the_synthesized_tasks_a_signal_named_ac
     again = TaskPool(seeds, SamplerConfig(), check=lambda task: None)
     again.restore(pool.state())
     assert [t.task_id for t in again.subject_tasks()] == every_seed + ["syn-a"]
+
+
+def test_a_starting_learner_waits_until_its_feed_has_offered_what_the_topic_holds():
+    """A (re)started learner's first step draws from every task validated before it (before: its first
+    refresh could come before the feed's first read, and a restart at each step boundary never took a task in)."""
+    import time
+
+    from coevolve.services.kafka.consumer import Delivered
+    from coevolve.services.learner.loop.feed import TaskFeed
+
+    class Consumer:
+        deadletters, dead_lettered = None, 0
+
+        def read_to_end(self, timeout_s):
+            time.sleep(0.3)  # a first read that takes a while
+            return [Delivered("coevolve.tasks", 0, 0, b"syn-1", "TaskChecked", verdict("syn-1"))]
+
+        def poll(self, timeout_s):
+            time.sleep(timeout_s)
+            return []
+
+        def close(self):
+            pass
+
+    p = pool()
+    feed = TaskFeed(Consumer, p, poll_s=0.01).start()
+    try:
+        assert feed.catch_up() and p.pending == 1
+    finally:
+        feed.stop()

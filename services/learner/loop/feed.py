@@ -2,7 +2,9 @@
 
 It follows the compacted topic in a background thread, with no consumer group (the catalog is rebuilt at
 every start), and only buffers what arrives (`TaskPool.offer`); the pool takes it in between steps
-(`TaskPool.refresh`, sampler.py). A broker error (a restart, a failed dead-letter flush) does not end it:
+(`TaskPool.refresh`, sampler.py). A starting learner waits until the feed has read what the topic held
+(`caught_up`, at most `CATCH_UP_S`), so its first step after a (re)start draws from every task validated
+before it, not only from those its checkpoint had taken in. A broker error (a restart, a failed dead-letter flush) does not end it:
 it reads again from the beginning with a new consumer, skipping what it already offered, until the
 broker has been unreachable for `OUTAGE_S`; only then does the learner's /healthz report it.
 """
@@ -36,6 +38,7 @@ def tasks_consumer(bootstrap: str) -> Callable[[], Any]:
 
 OUTAGE_S = 120.0  # how long the feed reads again through broker errors before it reports itself stopped
 RETRY_S = (0.5, 10.0)  # the first wait before reading again, and the longest (doubling in between)
+CATCH_UP_S = 30.0  # the longest a starting learner waits for the feed to read what the topic holds
 
 
 class TaskFeed:
@@ -51,6 +54,7 @@ class TaskFeed:
         self.verdicts: Counter = Counter()  # (run id, step proposed at) -> verdicts read
         self.error: str | None = None
         self._handled: set[tuple[str, int, int]] = set()  # (topic, partition, offset) offered or dead-lettered
+        self.caught_up = threading.Event()  # set once what the topic held at the start was offered
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="learner-task-feed", daemon=True)
 
@@ -83,30 +87,43 @@ class TaskFeed:
             wait_s = min(2 * wait_s, RETRY_S[1])
 
     def _follow(self, consumer: Any) -> Iterator[None]:
-        """Read until stopped, yielding after each poll that worked. What was offered before is skipped; a
-        dead-lettered event counts as handled only once its letter is confirmed, so a letter lost with
-        the broker is written again when its event is read again."""
-        flushed = 0
+        """Read what the topic holds now (then `caught_up` is set), then follow it until stopped, yielding
+        after each read that worked. What was offered before is skipped; a dead-lettered event counts as
+        handled only once its letter is confirmed, so a letter lost with the broker is written again when
+        its event is read again."""
+        self._take(consumer, consumer.read_to_end(CATCH_UP_S))
+        self.caught_up.set()
+        yield
         while not self._stop.is_set():
-            lettered = []
-            for item in consumer.poll(self.poll_s):
-                where = (item.topic, item.partition, item.offset)
-                if where in self._handled:
-                    continue  # read again after a broker error
-                if item.name == "TaskChecked":
-                    self.pool.offer(item.event, Origin(*where, item.key))
-                    self.received += 1
-                    self.verdicts[(str(item.event["run_id"]), int(item.event["step"]))] += 1
-                    self._handled.add(where)
-                else:
-                    consumer.reject(item, "invalid", f"{item.name} on {item.topic}: the learner takes only "
-                                                     "TaskChecked events from it")
-                    lettered.append(where)
-            if consumer.dead_lettered != flushed and consumer.deadletters is not None:
-                consumer.deadletters.flush()  # undecodable or foreign events, dead-lettered as read
-                flushed = consumer.dead_lettered
-            self._handled.update(lettered)
+            self._take(consumer, consumer.poll(self.poll_s))
             yield
+
+    def _take(self, consumer: Any, items: list) -> None:
+        lettered = []
+        for item in items:
+            where = (item.topic, item.partition, item.offset)
+            if where in self._handled:
+                continue  # read again after a broker error
+            if item.name == "TaskChecked":
+                self.pool.offer(item.event, Origin(*where, item.key))
+                self.received += 1
+                self.verdicts[(str(item.event["run_id"]), int(item.event["step"]))] += 1
+                self._handled.add(where)
+            else:
+                consumer.reject(item, "invalid", f"{item.name} on {item.topic}: the learner takes only "
+                                                 "TaskChecked events from it")
+                lettered.append(where)
+        if lettered and consumer.deadletters is not None:
+            consumer.deadletters.flush()  # undecodable or foreign events, dead-lettered as read
+        self._handled.update(lettered)
+
+    def catch_up(self) -> bool:
+        """Wait until what the topic held at the start was offered (at most `CATCH_UP_S`); False, with a
+        warning, when it was not."""
+        if self.caught_up.wait(CATCH_UP_S):
+            return True
+        log.warning("sampler.feed_behind", waited_s=CATCH_UP_S, then="the tasks not yet read join a later step")
+        return False
 
     def wait_for(self, run_id: str, step: int, count: int, timeout_s: float, stop: threading.Event) -> int:
         """Wait until `count` verdicts of `run_id`'s tasks proposed at `step` were read (0: the whole

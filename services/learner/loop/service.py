@@ -189,6 +189,7 @@ class Learner(Service):
             return
         self.feed = TaskFeed(tasks_consumer(self.cfg.kafka_bootstrap), self.pool).start()
         self.watch(self.feed.failure)
+        self.feed.catch_up()  # the first step draws from what the topic holds now
         if self.sampler_cfg.sampler == "static":
             self.feed.wait_for(self.run_id, 0, self.sampler_cfg.static_tasks, self.sampler_cfg.static_wait_s,
                                self._stop)  # a stop signal ends the wait early too
