@@ -34,6 +34,10 @@ class RestoreError(RuntimeError):
     """The log cannot be put back: not kept, kept with a hole, or the broker's topics are not empty."""
 
 
+class NoSuchLog(RestoreError):
+    """The archive keeps no log of that name."""
+
+
 @dataclass
 class Restored:
     """What a restore put back."""
@@ -64,7 +68,7 @@ def kept_partitions(client, database: str, log_id: str) -> dict[tuple[str, int],
                         "WHERE log_id = {log_id:String} GROUP BY topic, partition ORDER BY topic, partition",
                         parameters={"log_id": log_id}).result_rows
     if not rows:
-        raise RestoreError(f"the archive keeps no log named {log_id!r} (kept: {', '.join(kept_logs(client, database)) or 'none'}); "
+        raise NoSuchLog(f"the archive keeps no log named {log_id!r} (kept: {', '.join(kept_logs(client, database)) or 'none'}); "
                            "a log is kept by an archiver run with archiver.log_id set")
     holes = [f"{t}:{p} ({n} records, offsets {lo}..{hi})" for t, p, n, lo, hi in rows if lo != 0 or hi != n - 1]
     if holes:

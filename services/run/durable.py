@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from coevolve.services.archive.restore import Restored, RestoreError, restore_log
+from coevolve.services.archive.restore import NoSuchLog, Restored, RestoreError, restore_log
 from coevolve.services.clickhouse.client import chdb_url, connect
 from coevolve.services.kafka.consumer import EventConsumer
 from coevolve.services.kafka.topics import CATALOG
@@ -32,10 +32,10 @@ def restore(s) -> Restored | None:
     try:
         return restore_log(client, "coevolve", s.run_id, s.bootstrap, s.plan.consumer_group("archiver"),
                            [s.plan.consumer_group("streams")])
-    except RestoreError as exc:
-        if "keeps no log" not in str(exc):
-            raise ChildFailed(f"the run's log cannot be put back on the broker: {exc}") from None
+    except NoSuchLog:
         return None
+    except RestoreError as exc:
+        raise ChildFailed(f"the run's log cannot be put back on the broker: {exc}") from None
     finally:
         client.close()
 
