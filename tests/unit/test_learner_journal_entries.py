@@ -12,7 +12,7 @@ from coevolve.services.learner.loop import journal
 from coevolve.services.learner.trainer.batch import TrainSequence
 from coevolve.services.learner.config import LearnerConfig, LearnerSettings, SamplerConfig
 from coevolve.services.learner.loop.sampler import TaskPool
-from coevolve.services.learner.loop.resume import run_to_continue
+from coevolve.services.learner.loop.resume import redo_journaled, run_to_continue
 from coevolve.services.learner.loop.service import Learner
 from coevolve.services.learner.loop.record import StepRecord
 from coevolve.services.runtime.config import ConfigError
@@ -83,12 +83,32 @@ def test_entries_after_a_step_run_up_to_the_first_gap(tmp_path):
     assert journal.run_of(tmp_path) == "run-j" and journal.run_of(tmp_path / "none") is None
 
 
-def test_a_checkpoint_prunes_the_entries_at_or_below_its_step_and_unfinished_writes(tmp_path):
+def test_a_checkpoint_prunes_the_entries_below_its_step_and_unfinished_writes(tmp_path):
     for step in (1, 2, 3):
         journal.write(tmp_path, entry(step))
     (tmp_path / "journal" / "step-000004.tmp").mkdir()
-    journal.prune(tmp_path, 2)
-    assert sorted(p.name for p in (tmp_path / "journal").iterdir()) == ["step-000003"]
+    journal.prune(tmp_path, 2)  # the checkpoint's own step stays, for a broker that lost it
+    assert sorted(p.name for p in (tmp_path / "journal").iterdir()) == ["step-000002", "step-000003"]
+
+
+def test_a_resume_sends_the_checkpoints_step_again_only_when_the_broker_lost_it(tmp_path):
+    sent_one = entry(1).record.published(0.25)
+    journal.mark_published(journal.write(tmp_path, entry(1)), sent_one)
+    asked = []
+
+    def lost(run_id, step):
+        asked.append((run_id, step))
+        return False
+
+    producer = Producer()
+    assert list(redo_journaled(tmp_path, 1, "run-j", CountingTrainer(), TaskPool(SEEDS, SamplerConfig()), producer,
+                               lost)) == []  # nothing after the checkpoint to redo
+    assert asked == [("run-j", 1)]
+    assert [topic for topic, _ in producer.sent] == [TRAJECTORIES.name] * 2 + [POLICY.name, STEPS.name]
+    assert producer.sent[-1][1] == sent_one.to_event()  # the record as it was sent, its id and time
+    kept = Producer()
+    assert list(redo_journaled(tmp_path, 1, "run-j", CountingTrainer(), TaskPool(SEEDS, SamplerConfig()), kept,
+                               lambda run_id, step: True)) == [] and kept.sent == []
 
 
 def test_a_journal_without_a_checkpoint_is_a_run_to_resume(tmp_path):

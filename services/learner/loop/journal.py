@@ -25,7 +25,9 @@ An entry holds:
 
 An entry is written to a temporary folder and renamed into place (as checkpoints are), so a crash
 mid-write leaves no entry, and nothing of that step was published. A folder without the rename
-(`.tmp`) is ignored. A checkpoint at step c prunes the entries at or below c. JSON keeps every float
+(`.tmp`) is ignored. A checkpoint at step c prunes the entries below c; c's own entry stays until the next
+checkpoint, for a resume whose broker lost what c published (an embedded broker restored from an archive
+that had not stored it yet). JSON keeps every float
 exactly (Python writes the shortest repr that reads back the same double).
 """
 from __future__ import annotations
@@ -161,9 +163,10 @@ def run_of(workdir: Path) -> str | None:
 
 
 def prune(workdir: Path, step: int) -> None:
-    """Delete the entries at or below `step` (a checkpoint holds them now) and unfinished writes."""
+    """Delete the entries below `step` (a checkpoint holds them now) and unfinished writes. The checkpoint's
+    own step is kept: a resume sends its records again when the broker lost them (`resume.py`)."""
     for done, path in complete(workdir).items():
-        if done <= step:
+        if done < step:
             shutil.rmtree(path, ignore_errors=True)
     folder = journal_dir(workdir)
     for tmp in folder.glob(f"{PREFIX}*.tmp") if folder.is_dir() else ():

@@ -9,12 +9,14 @@ and the trainer's update count follow the path they took, with DeepSpeed and LoR
 state after the step, and the step's records sent again as journaled (same ids and content, which also
 completes a publish the crash cut short; the evaluation is sent as it was, never re-run). The service
 then pushes the weights to the rollout backend once, after the last entry, with the policy version that
-entry recorded; training continues at k+1. A step that crashed before its entry was renamed into place
+entry recorded; training continues at k+1. Step c's own entry is kept too: when the broker lacks c's
+StepCompleted (an embedded broker restored from an archive that had not yet stored it), c's records are
+sent again first, as journaled. A step that crashed before its entry was renamed into place
 published nothing and is run afresh. Without a checkpoint, the redo starts from the starting weights.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -25,12 +27,21 @@ from coevolve.services.learner.loop import journal
 from coevolve.services.learner.loop.publish import publish_step
 from coevolve.services.learner.loop.sampler import TaskPool
 from coevolve.services.runtime.config import ConfigError
+from coevolve.services.runtime.log import get_logger
+
+log = get_logger("learner")
 
 
-def redo_journaled(workdir: Path, done: int, run_id: str, trainer: Any, pool: TaskPool,
-           producer: Any) -> Iterator[tuple[journal.Entry, float | None]]:
-    """Replay the journal's entries after step `done`; yield each entry, once replayed, with the loss of
+def redo_journaled(workdir: Path, done: int, run_id: str, trainer: Any, pool: TaskPool, producer: Any,
+                   on_log: Callable[[str, int], bool] | None = None) -> Iterator[tuple[journal.Entry, float | None]]:
+    """Send step `done`'s journaled records again when `on_log` says the broker lacks its StepCompleted;
+    then replay the journal's entries after step `done`; yield each entry, once replayed, with the loss of
     its update again (None when it did not train)."""
+    kept = journal.complete(workdir).get(done)
+    if kept is not None and on_log is not None and not on_log(run_id, done):
+        entry = journal.read(kept)
+        publish_step(producer, run_id, kept, entry.trajectories, [entry.evaluation, entry.subjects], entry.record,
+                     published=entry.published, policy_update=entry.policy_update)
     for path in journal.entries_after(workdir, done):
         entry = journal.read(path)
         if entry.run_id != run_id:
@@ -44,6 +55,27 @@ def redo_journaled(workdir: Path, done: int, run_id: str, trainer: Any, pool: Ta
         publish_step(producer, run_id, path, entry.trajectories, [entry.evaluation, entry.subjects], entry.record,
                      published=entry.published, policy_update=entry.policy_update)
         yield entry, loss
+
+
+def step_on_log(bootstrap: str) -> Callable[[str, int], bool]:
+    """Whether the broker holds a run's StepCompleted of a step (coevolve.steps read to its end)."""
+
+    def on_log(run_id: str, step: int) -> bool:
+        from coevolve.services.kafka.consumer import EventConsumer, ReadShort
+        from coevolve.services.kafka.topics import STEPS
+
+        consumer = EventConsumer(bootstrap, [STEPS.name], service="learner-resume")
+        try:
+            read = consumer.read_to_end(30.0, complete=True)
+        except ReadShort as exc:  # not known: nothing is sent again
+            log.warning("learner.step_unchecked", step=step, error=str(exc))
+            return True
+        finally:
+            consumer.close()
+        return any(item.name == "StepCompleted" and item.event["run_id"] == run_id and int(item.event["step"]) == step
+                   for item in read)
+
+    return on_log
 
 
 def run_to_continue(cfg: LearnerConfig) -> tuple[str, ckpt.Checkpoint | None]:

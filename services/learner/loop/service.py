@@ -33,7 +33,7 @@ from coevolve.services.learner.loop import checkpoint as ckpt, journal
 from coevolve.services.learner.loop.evaluation import due, evaluate_all
 from coevolve.services.learner.loop.feed import TaskFeed, tasks_consumer
 from coevolve.services.learner.loop.publish import publish_evaluation, publish_journaled, report_unloadable
-from coevolve.services.learner.loop.resume import redo_journaled, run_to_continue
+from coevolve.services.learner.loop.resume import redo_journaled, run_to_continue, step_on_log
 from coevolve.services.learner.loop.results import StepOutcome
 from coevolve.services.learner.loop.sampler import TaskPool
 from coevolve.services.learner.loop.step import Reward, StepRunner
@@ -203,7 +203,7 @@ class Learner(Service):
         """Redo the journal's steps after the checkpoint (resume.py); return the policy version."""
         version = self.resumed.policy_version if self.resumed is not None else 0
         for entry, loss in redo_journaled(self.cfg.workdir, self.done, self.run_id, self.trainer, self.pool,
-                                          self.producer):
+                                          self.producer, step_on_log(self.cfg.kafka_bootstrap)):
             self.done, version, self.pool_state = entry.step, entry.policy_version, entry.sampler
             self.telemetry.replayed.inc()
             self.beat()
