@@ -7,7 +7,9 @@ other services are killed, a new broker starts at the same address, the run's lo
 every service starts again: the learner with `--resume` (its checkpoint and step journal), the explorer,
 validator and archiver at their recorded positions, the signal worker from the start of the restored
 topics (its tables' changelogs were on the broker). What the broker had accepted and the archiver had
-not yet polled is lost: at most the records of the last `archiver.batch_seconds` plus one poll.
+not yet stored (at most `archiver.batch_seconds` plus a poll and an insert) is lost, but for the learner's
+last step, which the resumed learner sends again (`learner/loop/resume.py`), and the signals, which the
+worker raises again.
 """
 from __future__ import annotations
 
