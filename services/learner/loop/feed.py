@@ -3,10 +3,11 @@
 It follows the compacted topic in a background thread, with no consumer group (the catalog is rebuilt at
 every start), and only buffers what arrives (`TaskPool.offer`); the pool takes it in between steps
 (`TaskPool.refresh`, sampler.py). A starting learner waits until the feed has read what the topic held
-(`caught_up`, at most `CATCH_UP_S`), so its first step after a (re)start draws from every task validated
-before it, not only from those its checkpoint had taken in. A broker error (a restart, a failed dead-letter flush) does not end it:
-it reads again from the beginning with a new consumer, skipping what it already offered, until the
-broker has been unreachable for `OUTAGE_S`; only then does the learner's /healthz report it.
+(`caught_up`, at most `CATCH_UP_S`; not for a read that failed), so its first step after a (re)start
+draws from every task validated before it, not only from those its checkpoint had taken in. A broker
+error (a restart, a failed dead-letter flush) does not end it: it reads again from the beginning with a
+new consumer, skipping what it already offered, until the broker has been unreachable for `OUTAGE_S`;
+only then does the learner's /healthz report it.
 """
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ class TaskFeed:
         self.verdicts: Counter = Counter()  # (run id, step proposed at) -> verdicts read
         self.error: str | None = None
         self._handled: set[tuple[str, int, int]] = set()  # (topic, partition, offset) offered or dead-lettered
-        self.caught_up = threading.Event()  # set once what the topic held at the start was offered
+        self.caught_up = threading.Event()  # set once what the topic held at the start was offered, or that read failed
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="learner-task-feed", daemon=True)
 
@@ -72,6 +73,7 @@ class TaskFeed:
                     failing_since, wait_s = None, RETRY_S[0]
                 return
             except Exception as exc:  # past the outage, /healthz turns unhealthy (`failure`): a restart
+                self.caught_up.set()  # a starting learner waits for no read that failed; the next read comes later
                 error = f"{type(exc).__name__}: {exc}"
                 failing_since = failing_since or time.monotonic()
                 if time.monotonic() - failing_since >= self.outage_s:
@@ -118,8 +120,8 @@ class TaskFeed:
         self._handled.update(lettered)
 
     def catch_up(self) -> bool:
-        """Wait until what the topic held at the start was offered (at most `CATCH_UP_S`); False, with a
-        warning, when it was not."""
+        """Wait until what the topic held at the start was offered, or that read failed (at most
+        `CATCH_UP_S`); False, with a warning, when neither came in time."""
         if self.caught_up.wait(CATCH_UP_S):
             return True
         log.warning("sampler.feed_behind", waited_s=CATCH_UP_S, then="the tasks not yet read join a later step")
