@@ -68,8 +68,9 @@ def kept_partitions(client, database: str, log_id: str) -> dict[tuple[str, int],
                         "WHERE log_id = {log_id:String} GROUP BY topic, partition ORDER BY topic, partition",
                         parameters={"log_id": log_id}).result_rows
     if not rows:
-        raise NoSuchLog(f"the archive keeps no log named {log_id!r} (kept: {', '.join(kept_logs(client, database)) or 'none'}); "
-                           "a log is kept by an archiver run with archiver.log_id set")
+        kept = ", ".join(kept_logs(client, database)) or "none"
+        raise NoSuchLog(f"the archive keeps no log named {log_id!r} (kept: {kept}); a log is kept by an archiver "
+                        "run with archiver.log_id set")
     holes = [f"{t}:{p} ({n} records, offsets {lo}..{hi})" for t, p, n, lo, hi in rows if lo != 0 or hi != n - 1]
     if holes:
         raise RestoreError(f"log {log_id} is kept with holes in {', '.join(holes)}: its records cannot land at their "
@@ -113,10 +114,12 @@ def _require_empty(bootstrap: str, kept: dict[tuple[str, int], int], security: K
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, client_id="coevolve-restore",
                              **security.kafka_python_options())
     try:
-        missing = [f"{t}:{p}" for t, p in kept if p not in (consumer.partitions_for_topic(t) or set())]
-        if missing:
-            raise RestoreError(f"the broker at {bootstrap} lacks partitions {missing}: the topics were made with "
-                               "fewer partitions than the log had; restore into a broker without them")
+        made = {t: len(consumer.partitions_for_topic(t) or ()) for t in {t for t, _ in kept}}
+        wrong = sorted(f"{t} ({n}, not {CATALOG[t].partitions})" for t, n in made.items() if n != CATALOG[t].partitions)
+        if wrong:
+            raise RestoreError(f"the broker at {bootstrap} has {', '.join(wrong)} partitions (a client's request made "
+                               "the topic before the restore, or it was made by hand): a record's key would not find "
+                               "its partition; restore into a broker without these topics")
         ends = consumer.end_offsets([TopicPartition(t, p) for t, p in kept])
     finally:
         consumer.close()
@@ -128,9 +131,9 @@ def _require_empty(bootstrap: str, kept: dict[tuple[str, int], int], security: K
 
 def _send_partition(client, database: str, log_id: str, producer: KafkaProducer, topic: str, partition: int,
                     count: int) -> None:
-    sql = (f"SELECT offset, key, value, timestamp_ms, headers FROM {database}.log FINAL WHERE log_id = {{log_id:String}} "
-           "AND topic = {topic:String} AND partition = {partition:Int32} AND offset >= {lo:Int64} AND offset < {hi:Int64} "
-           "ORDER BY offset")
+    sql = (f"SELECT offset, key, value, timestamp_ms, headers FROM {database}.log FINAL "
+           "WHERE log_id = {log_id:String} AND topic = {topic:String} AND partition = {partition:Int32} "
+           "AND offset >= {lo:Int64} AND offset < {hi:Int64} ORDER BY offset")
     for lo in range(0, count, CHUNK):
         rows = client.query(sql, parameters={"log_id": log_id, "topic": topic, "partition": partition, "lo": lo,
                                              "hi": lo + CHUNK}, query_formats={"String": "bytes"}).result_rows

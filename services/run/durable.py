@@ -65,6 +65,7 @@ def tend_broker(s) -> None:
     print(f"the broker exited with code {code}: stopping the services, starting it again with the run's log",
           flush=True)
     log.warning("run.broker_exited", exit_code=code)
+    s.consumer.close()  # before the new broker is up: its reconnect would make the topics, unrestored
     s.children["archiver"].stop(timeout_s=30.0)  # it stores the batch it holds; its commit fails
     for child in s.children.values():
         child.kill()
@@ -75,7 +76,6 @@ def tend_broker(s) -> None:
           flush=True)
     sup.restarts.append(Restart("broker", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "exit", code,
                                 len(history), 0.0, f"restored {done.total if done else 0} records"))
-    s.consumer.close()
     s.consumer = EventConsumer(s.bootstrap, list(CATALOG), service="run")
     for name, child in s.children.items():
         sup.due.pop(name, None)

@@ -112,6 +112,10 @@ def test_a_killed_brokers_log_comes_back_at_its_offsets_with_the_groups_position
                 restore_log(client, "coevolve", "run-a", broker.bootstrap)
             with pytest.raises(RestoreError, match="keeps no log named 'run-b'.*run-a"):
                 restore_log(client, "coevolve", "run-b", broker.bootstrap)
+            with EmbeddedBroker() as other:  # a client made coevolve.steps before the restore, with 4 partitions
+                create_topics(other.bootstrap, [Topic("coevolve.steps", "StepCompleted", "run_id", 4)])
+                with pytest.raises(RestoreError, match=r"coevolve.steps \(4, not 1\) partitions"):
+                    restore_log(client, "coevolve", "run-a", other.bootstrap)
             client.command("ALTER TABLE coevolve.log DELETE WHERE topic = 'coevolve.steps' AND offset = 0 "
                            "SETTINGS mutations_sync = 1")
             with pytest.raises(RestoreError, match=r"holes in coevolve.steps:0 \(\d+ records, offsets 1\.\."):
