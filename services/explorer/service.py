@@ -177,10 +177,8 @@ class Explorer(Service):
     def _commit(self) -> bool:
         """Commit everything polled but what an open period holds: the rest has been explored or
         dead-lettered."""
-        floor = self.holds.floor()
-        self.delivered = {signal_id: item for signal_id, item in self.delivered.items()  # an open period's may
-                          if item.offset >= floor.get((item.topic, item.partition), item.offset + 1)}  # fail later
-        return self.consumer.commit(below=floor)
+        committed, self.delivered = self.holds.commit(self.consumer, self.delivered)  # an open period's may fail
+        return committed
 
     def finish(self) -> None:
         for closable in (self.consumer, self.catalog_reader, self.producer, self.backend):

@@ -34,5 +34,13 @@ class Holds:
                 out[tp] = min(out.get(tp, offset), offset)
         return out
 
+    def commit(self, consumer, delivered: dict) -> tuple[bool, dict]:
+        """Commit `consumer` up to the held records; with the delivered items (id -> `Delivered`) a later
+        reject may still need: those at or past their partition's floor."""
+        floor = self.floor()
+        kept = {key: item for key, item in delivered.items()
+                if item.offset >= floor.get((item.topic, item.partition), item.offset + 1)}
+        return consumer.commit(below=floor), kept
+
     def __len__(self) -> int:
         return len(self._held)

@@ -204,10 +204,8 @@ class Validator(Service):
 
     def _commit(self) -> bool:
         """Commit everything polled but what an open group holds."""
-        floor = self.holds.floor()
-        self.delivered = {event_id: item for event_id, item in self.delivered.items()  # an open group's
-                          if item.offset >= floor.get((item.topic, item.partition), item.offset + 1)}
-        return self.consumer.commit(below=floor)
+        committed, self.delivered = self.holds.commit(self.consumer, self.delivered)  # an open group's may fail
+        return committed
 
     def finish(self) -> None:
         for closable in (self.consumer, self.catalog_reader, self.producer, self.backend):
